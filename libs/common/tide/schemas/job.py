@@ -1,0 +1,111 @@
+"""The job spec users submit (Kubernetes-flavoured, see docs/architecture.md)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tide.core.mig import ALL_PROFILE_NAMES
+
+JOB_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
+QUEUE_PATTERN = r"^[a-z0-9][a-z0-9-]*(/[a-z0-9][a-z0-9-]*)*$"
+MAX_GPUS_PER_POD = 16
+MAX_REPLICAS = 4096
+
+
+class PriorityClass(StrEnum):
+    ONLINE_SERVING = "online-serving"
+    OFFLINE_TRAINING = "offline-training"
+    BEST_EFFORT = "best-effort"
+
+
+PRIORITY_VALUES: dict[PriorityClass, int] = {
+    PriorityClass.ONLINE_SERVING: 1000,
+    PriorityClass.OFFLINE_TRAINING: 500,
+    PriorityClass.BEST_EFFORT: 0,
+}
+
+TopologyLevel = Literal["nvlink", "pcie-switch", "numa", "node", "rack", "spine"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class GpuShare(_Strict):
+    memory_mib: int = Field(alias="memoryMiB", gt=0, le=1024 * 1024, description="GPU memory limit")
+    sm_percent: int = Field(alias="smPercent", gt=0, le=100, description="share of the GPU's SMs")
+
+
+class Resources(_Strict):
+    gpu: int = Field(default=0, ge=0, le=MAX_GPUS_PER_POD, description="whole GPUs per pod")
+    gpu_model: list[str] = Field(default_factory=list, alias="gpuModel", description="allowed GPU models")
+    gpu_share: GpuShare | None = Field(default=None, alias="gpuShare")
+    mig: str | None = Field(default=None, description="MIG profile, e.g. 1g.10gb")
+    cpu_milli: int = Field(default=1000, alias="cpuMilli", ge=0, le=10_000_000)
+    memory_mib: int = Field(default=1024, alias="memoryMiB", ge=0, le=64 * 1024 * 1024)
+
+    @model_validator(mode="after")
+    def _one_gpu_kind(self) -> Resources:
+        kinds = [k for k, on in (("gpu", self.gpu > 0), ("gpuShare", self.gpu_share), ("mig", self.mig)) if on]
+        if len(kinds) > 1:
+            raise ValueError(f"set only one of gpu, gpuShare and mig (got {' and '.join(kinds)})")
+        if self.mig is not None and self.mig not in ALL_PROFILE_NAMES:
+            raise ValueError(f"unknown MIG profile {self.mig!r}; known: {', '.join(sorted(ALL_PROFILE_NAMES))}")
+        return self
+
+    @property
+    def gpu_kind(self) -> Literal["whole", "share", "mig", "none"]:
+        if self.gpu > 0:
+            return "whole"
+        if self.gpu_share is not None:
+            return "share"
+        if self.mig is not None:
+            return "mig"
+        return "none"
+
+
+class PodTemplate(_Strict):
+    command: list[str] = Field(min_length=1, max_length=256)
+    env: dict[str, str] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+
+
+class Topology(_Strict):
+    require: TopologyLevel | None = None
+    prefer: TopologyLevel | None = None
+
+
+class JobMetadata(_Strict):
+    name: str = Field(pattern=JOB_NAME_PATTERN)
+    queue: str = Field(default="default", pattern=QUEUE_PATTERN, max_length=128)
+    priority_class: PriorityClass = Field(default=PriorityClass.OFFLINE_TRAINING, alias="priorityClass")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class JobBody(_Strict):
+    min_member: int | None = Field(default=None, alias="minMember", ge=1, le=MAX_REPLICAS)
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    topology: Topology = Field(default_factory=Topology)
+    grace_period_s: float = Field(default=30.0, alias="gracePeriodSeconds", ge=0, le=3600)
+    template: PodTemplate
+
+    @model_validator(mode="after")
+    def _gang(self) -> JobBody:
+        if self.min_member is not None and self.min_member > self.replicas:
+            raise ValueError(f"minMember ({self.min_member}) must be <= replicas ({self.replicas})")
+        return self
+
+    @property
+    def gang_size(self) -> int:
+        return self.min_member if self.min_member is not None else self.replicas
+
+
+class JobSpec(_Strict):
+    api_version: Literal["tide/v1"] = Field(default="tide/v1", alias="apiVersion")
+    kind: Literal["Job"] = "Job"
+    metadata: JobMetadata
+    spec: JobBody
