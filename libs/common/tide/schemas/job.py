@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tide.core.mig import ALL_PROFILE_NAMES
 
@@ -47,14 +47,23 @@ class Resources(_Strict):
     cpu_milli: int = Field(default=1000, alias="cpuMilli", ge=0, le=10_000_000)
     memory_mib: int = Field(default=1024, alias="memoryMiB", ge=0, le=64 * 1024 * 1024)
 
-    @model_validator(mode="after")
-    def _one_gpu_kind(self) -> Resources:
-        kinds = [k for k, on in (("gpu", self.gpu > 0), ("gpuShare", self.gpu_share), ("mig", self.mig)) if on]
-        if len(kinds) > 1:
-            raise ValueError(f"set only one of gpu, gpuShare and mig (got {' and '.join(kinds)})")
-        if self.mig is not None and self.mig not in ALL_PROFILE_NAMES:
-            raise ValueError(f"unknown MIG profile {self.mig!r}; known: {', '.join(sorted(ALL_PROFILE_NAMES))}")
-        return self
+    @field_validator("gpu_share")
+    @classmethod
+    def _share_alone(cls, value: GpuShare | None, info: ValidationInfo) -> GpuShare | None:
+        if value is not None and info.data.get("gpu", 0) > 0:
+            raise ValueError("gpuShare cannot be combined with gpu: set only one of gpu, gpuShare and mig")
+        return value
+
+    @field_validator("mig")
+    @classmethod
+    def _mig_alone(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return value
+        if info.data.get("gpu", 0) > 0 or info.data.get("gpu_share") is not None:
+            raise ValueError("mig cannot be combined with gpu or gpuShare: set only one of gpu, gpuShare and mig")
+        if value not in ALL_PROFILE_NAMES:
+            raise ValueError(f"unknown MIG profile {value!r}; known: {', '.join(sorted(ALL_PROFILE_NAMES))}")
+        return value
 
     @property
     def gpu_kind(self) -> Literal["whole", "share", "mig", "none"]:
@@ -87,17 +96,19 @@ class JobMetadata(_Strict):
 
 
 class JobBody(_Strict):
-    min_member: int | None = Field(default=None, alias="minMember", ge=1, le=MAX_REPLICAS)
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    min_member: int | None = Field(default=None, alias="minMember", ge=1, le=MAX_REPLICAS)
     topology: Topology = Field(default_factory=Topology)
     grace_period_s: float = Field(default=30.0, alias="gracePeriodSeconds", ge=0, le=3600)
     template: PodTemplate
 
-    @model_validator(mode="after")
-    def _gang(self) -> JobBody:
-        if self.min_member is not None and self.min_member > self.replicas:
-            raise ValueError(f"minMember ({self.min_member}) must be <= replicas ({self.replicas})")
-        return self
+    @field_validator("min_member")
+    @classmethod
+    def _gang(cls, value: int | None, info: ValidationInfo) -> int | None:
+        replicas = info.data.get("replicas")
+        if value is not None and replicas is not None and value > replicas:
+            raise ValueError(f"minMember ({value}) must be <= replicas ({replicas})")
+        return value
 
     @property
     def gang_size(self) -> int:

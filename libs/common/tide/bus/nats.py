@@ -1,0 +1,134 @@
+"""NATS connection, JetStream stream/consumer set-up, publishing and durable consumption."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from tide.schemas.events import Message
+from tide.settings import Settings
+from tide.subjects import STREAMS, ConsumerDef
+
+log = structlog.get_logger()
+
+
+async def connect(settings: Settings, name: str, inbox_prefix: str | None = None, **kwargs: Any) -> NATS:
+    """Connect with credentials; reconnect forever when the server goes away."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats_error", error=str(exc), client=name)
+
+    async def on_disconnect() -> None:
+        log.info("nats_disconnected", client=name)
+
+    async def on_reconnect() -> None:
+        log.info("nats_reconnected", client=name)
+
+    options: dict[str, Any] = dict(
+        servers=[settings.nats_url],
+        name=name,
+        user=settings.nats_user,
+        password=settings.nats_password,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=5,
+        allow_reconnect=True,
+        error_cb=on_error,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+    )
+    if inbox_prefix:
+        options["inbox_prefix"] = inbox_prefix
+    options.update(kwargs)
+    return await nats.connect(**options)
+
+
+async def ensure_streams(js: JetStreamContext) -> None:
+    """Create or update every stream of ``tide.subjects.STREAMS`` (idempotent)."""
+    for sd in STREAMS:
+        config = StreamConfig(
+            name=sd.name,
+            subjects=sd.subjects,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=sd.max_age_s,
+            max_msgs_per_subject=sd.max_msgs_per_subject,
+            duplicate_window=sd.duplicate_window_s,
+            description=sd.description,
+        )
+        try:
+            await js.stream_info(sd.name)
+            await js.update_stream(config)
+        except NotFoundError:
+            await js.add_stream(config)
+
+
+async def publish(js: JetStreamContext, subject: str, message: Message) -> None:
+    """Publish to JetStream with the event id as ``Nats-Msg-Id``, retrying while the server is away."""
+    delay = 0.2
+    for attempt in range(30):
+        try:
+            await js.publish(subject, message.to_bytes(), headers={"Nats-Msg-Id": message.event_id})
+            return
+        except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError):
+            if attempt == 29:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+async def consume(
+    js: JetStreamContext,
+    cdef: ConsumerDef,
+    handler: Handler,
+    stop: asyncio.Event,
+    batch: int = 64,
+) -> None:
+    """Pull from a durable, explicit-ack consumer until ``stop`` is set.
+
+    The handler acks (or naks/terms) each message itself; an exception in the
+    handler naks the message so it is redelivered, up to ``max_deliver``.
+    """
+    config = ConsumerConfig(
+        durable_name=cdef.durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=cdef.ack_wait_s,
+        max_deliver=cdef.max_deliver,
+        filter_subjects=cdef.filter_subjects or None,
+    )
+    sub = None
+    while not stop.is_set():
+        try:
+            if sub is None:
+                await js.add_consumer(cdef.stream, config)
+                sub = await js.pull_subscribe_bind(durable=cdef.durable, stream=cdef.stream)
+            msgs = await sub.fetch(batch, timeout=0.5)
+        except nats.errors.TimeoutError:
+            continue
+        except Exception as exc:  # server away or consumer lost: back off and rebuild
+            log.warning("consume_error", consumer=cdef.durable, error=repr(exc))
+            sub = None
+            await asyncio.sleep(0.5)
+            continue
+        for msg in msgs:
+            try:
+                await handler(msg)
+            except Exception as exc:
+                log.exception("handler_failed", consumer=cdef.durable, subject=msg.subject, error=repr(exc))
+                try:
+                    await msg.nak(delay=1.0)
+                except Exception:
+                    pass

@@ -1,0 +1,321 @@
+"""The ``tide`` command line. Exit codes: 0 success, 1 failure, 2 bad input (with a one-line reason)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tide.client import TideClient, summarize
+from tide.log import configure_logging
+from tide.settings import Settings
+from tide.stack.launcher import Stack, StackInfo, cluster_nodes, default_home, down
+from tide.stack.servers import StackError
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class BadInput(Exception):
+    pass
+
+
+def client_settings(home: Path) -> Settings:
+    if os.environ.get("TIDE_NATS_URL"):
+        return Settings()
+    return StackInfo.load(home).settings_for("admin")
+
+
+def load_spec(path: str) -> Any:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise BadInput(f"{path}: {exc.strerror}") from exc
+    try:
+        if path.endswith(".json"):
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        kind = "JSON" if path.endswith(".json") else "YAML"
+        raise BadInput(f"{path}: malformed {kind}: {str(exc).splitlines()[0]}") from exc
+
+
+# ---------------------------------------------------------------- commands
+def cmd_up(args: argparse.Namespace) -> int:
+    home: Path = args.home
+    nodes = cluster_nodes(args.nodes, Path(args.node_file) if args.node_file else None)
+    stack = Stack(home, nodes)
+    print(f"starting Tide in {home} with {len(nodes)} simulated node(s)...", flush=True)
+    info = stack.start()
+    print(f"  NATS (JetStream)  {info.nats_url}")
+    print(f"  Redis             redis://{info.redis_host}:{info.redis_port}")
+    print(f"  metrics           {info.metrics_url}")
+    print(f"  services          queue placer metrics ({len(nodes)} node agents)")
+    print(f"  logs              {home}/logs   credentials {home}/stack.json")
+    if args.demo:
+        try:
+            return asyncio.run(run_demo(info.settings_for("admin")))
+        finally:
+            stack.stop()
+            print("stack stopped")
+    if args.detach:
+        print("ready (detached): `tide down` stops it")
+        return EXIT_OK
+    print("ready: Ctrl-C stops the stack", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+        print("stack stopped")
+    return EXIT_OK
+
+
+def demo_jobs() -> list[dict[str, Any]]:
+    script = (
+        "import os, time; "
+        "print('pod', os.environ['TIDE_POD_NAME'], 'GPUs', os.environ['CUDA_VISIBLE_DEVICES'], "
+        "'SM%', os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', '-')); time.sleep(1)"
+    )
+    command = [sys.executable, "-c", script]
+    return [
+        {"metadata": {"name": "demo-single"}, "spec": {"template": {"command": command, "resources": {"gpu": 1}}}},
+        {
+            "metadata": {"name": "demo-share", "priorityClass": "online-serving"},
+            "spec": {"template": {"command": command,
+                                  "resources": {"gpuShare": {"memoryMiB": 10240, "smPercent": 30}}}},
+        },
+        {
+            "metadata": {"name": "demo-gang"},
+            "spec": {"replicas": 4, "minMember": 4, "template": {"command": command, "resources": {"gpu": 2}}},
+        },
+    ]
+
+
+async def run_demo(settings: Settings) -> int:
+    client = await TideClient.connect(settings)
+    try:
+        results = []
+        for spec in demo_jobs():
+            res = await client.submit(spec)
+            print(f"submitted {res.job_id}: {'queued' if res.accepted else 'rejected: ' + res.reason}")
+            results.append(res)
+        ok = True
+        for res in results:
+            job = await client.wait(res.job_id, timeout_s=120)
+            pods = ", ".join(f"{p['name']}@{p['node']}[{len(p['gpus'])} GPU]" for p in job["pods"])
+            print(f"{job['job_id']}: {job['state']} {job['reason']}  {pods}")
+            ok = ok and job["state"] == "succeeded"
+        print("demo passed" if ok else "demo FAILED")
+        return EXIT_OK if ok else EXIT_FAIL
+    finally:
+        await client.close()
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    if down(args.home):
+        print(f"stopped the stack in {args.home}")
+        return EXIT_OK
+    print(f"no stack running in {args.home}", file=sys.stderr)
+    return EXIT_FAIL
+
+
+async def _with_client(args: argparse.Namespace, fn: Any) -> int:
+    client = await TideClient.connect(client_settings(args.home))
+    try:
+        return await fn(client)
+    finally:
+        await client.close()
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = load_spec(args.file)
+
+    async def go(client: TideClient) -> int:
+        res = await client.submit(spec, job_id=args.job_id)
+        if not res.accepted:
+            field = res.field.removeprefix("spec.")
+            if args.json:
+                print(json.dumps({"job_id": res.job_id, "state": "rejected", "field": field, "reason": res.reason}))
+            print(f"rejected: {field}: {res.reason}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if not args.wait:
+            print(json.dumps({"job_id": res.job_id, "state": "pending"}) if args.json else res.job_id)
+            return EXIT_OK
+        job = await client.wait(res.job_id, timeout_s=args.timeout)
+        print(json.dumps(job) if args.json else f"{job['job_id']} {job['state']} {job['reason']}".rstrip())
+        return EXIT_OK if job["state"] == "succeeded" else EXIT_FAIL
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    async def go(client: TideClient) -> int:
+        if args.job:
+            job = await client.job(args.job)
+            if job is None:
+                print(f"no job {args.job!r}", file=sys.stderr)
+                return EXIT_FAIL
+            if args.json:
+                print(json.dumps(job))
+            else:
+                print(f"{job['job_id']}  {job['state']}  {job['reason']}")
+                for p in job["pods"]:
+                    print(f"  {p['name']:<32} {p['state']:<10} {p['node'] or '-':<16} {','.join(p['gpus']) or '-'}")
+            return EXIT_OK
+        body = await client.status(limit=args.limit)
+        jobs = [summarize(r) for r in body.get("jobs", [])]
+        if args.json:
+            print(json.dumps(jobs))
+        else:
+            print(f"{'JOB':<36} {'STATE':<14} {'QUEUE':<16} REASON")
+            for j in jobs:
+                print(f"{j['job_id']:<36} {j['state']:<14} {j['queue']:<16} {j['reason']}")
+        return EXIT_OK
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    async def go(client: TideClient) -> int:
+        job = await client.job(args.job)
+        if job is None:
+            print(f"no job {args.job!r}", file=sys.stderr)
+            return EXIT_FAIL
+        await client.cancel(args.job)
+        if args.wait:
+            job = await client.wait(args.job, timeout_s=args.timeout)
+            print(f"{args.job} {job['state']}")
+        else:
+            print(f"cancel requested for {args.job}")
+        return EXIT_OK
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    async def go(client: TideClient) -> int:
+        nodes = await client.nodes()
+        if args.json:
+            print(json.dumps(nodes))
+            return EXIT_OK
+        print(f"{'NODE':<20} {'POOL':<10} {'RACK':<8} {'GPUS':<6} {'USED':<6} {'MODELS':<20} SEEN")
+        for n in nodes:
+            used = n["gpus_used_milli"] / 1000
+            seen = f"{n['last_seen_s']}s ago" if n["last_seen_s"] is not None else "-"
+            print(f"{n['node_id']:<20} {n['labels'].get('pool', '-'):<10} {n['rack']:<8} {n['gpus']:<6} "
+                  f"{used:<6.2f} {','.join(n['gpu_models']):<20} {seen}")
+        return EXIT_OK
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    async def go(client: TideClient) -> int:
+        queues = await client.queues()
+        if args.json:
+            print(json.dumps(queues))
+            return EXIT_OK
+        print(f"{'QUEUE':<24} {'PENDING':>8} {'RUNNING':>8} {'DONE':>8} {'FAILED':>8}")
+        for name, c in sorted(queues.items()):
+            print(f"{name:<24} {c['pending'] + c['unschedulable']:>8} {c['running']:>8} {c['succeeded']:>8} "
+                  f"{c['failed']:>8}")
+        return EXIT_OK
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    async def go(client: TideClient) -> int:
+        async for e in client.events():
+            where = f" pod={e.pod}" if e.pod else ""
+            where += f" node={e.node}" if e.node else ""
+            print(f"{e.job_id:<36} {e.kind:<14} {e.state.value:<12}{where} {e.reason}".rstrip(), flush=True)
+        return EXIT_OK
+
+    try:
+        return asyncio.run(_with_client(args, go))
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+# ---------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tide", description="Tide: a scheduler for AI containers on GPU clusters")
+    parser.add_argument("--home", type=Path, default=default_home(), help="stack state dir (default $TIDE_HOME or ~/.tide)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run NATS, Redis, the services and simulated node agents")
+    up.add_argument("--nodes", type=int, default=2, help="simulated 8 x H100 nodes (default 2)")
+    up.add_argument("--node-file", help="YAML/JSON node descriptions instead of --nodes")
+    mode = up.add_mutually_exclusive_group()
+    mode.add_argument("--detach", action="store_true", help="return once every part is ready")
+    mode.add_argument("--demo", action="store_true", help="run the demo jobs to completion, then stop")
+    up.set_defaults(fn=cmd_up)
+
+    sub.add_parser("down", help="stop a detached stack").set_defaults(fn=cmd_down)
+
+    s = sub.add_parser("submit", help="submit a job spec (YAML or JSON; - for stdin)")
+    s.add_argument("file")
+    s.add_argument("--wait", action="store_true", help="wait until the job ends")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--job-id", help="choose the job id (default: name + random suffix)")
+    s.add_argument("--timeout", type=float, default=3600)
+    s.set_defaults(fn=cmd_submit)
+
+    st = sub.add_parser("status", help="a job's state and pods, or recent jobs")
+    st.add_argument("job", nargs="?")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--limit", type=int, default=50)
+    st.set_defaults(fn=cmd_status)
+
+    c = sub.add_parser("cancel", help="cancel a job (stops its pods)")
+    c.add_argument("job")
+    c.add_argument("--wait", action="store_true")
+    c.add_argument("--timeout", type=float, default=120)
+    c.set_defaults(fn=cmd_cancel)
+
+    n = sub.add_parser("nodes", help="nodes and their allocation")
+    n.add_argument("--json", action="store_true")
+    n.set_defaults(fn=cmd_nodes)
+
+    q = sub.add_parser("queues", help="jobs per queue and state")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(fn=cmd_queues)
+
+    sub.add_parser("watch", help="live job events").set_defaults(fn=cmd_watch)
+
+    try:
+        from tide.cli.sim import add_sim_parser
+    except ImportError:
+        pass
+    else:
+        add_sim_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging("cli", fmt="console", level=os.environ.get("TIDE_LOG_LEVEL", "warning"))
+    try:
+        return int(args.fn(args))
+    except BadInput as exc:
+        print(f"tide: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except StackError as exc:
+        print(f"tide: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except TimeoutError as exc:
+        print(f"tide: timed out: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""GPU fragmentation measured against a workload distribution ("typical pods").
+
+Follows Weng et al., "Beware of Fragmentation" (ATC'23): for one node and one typical pod, if the
+pod cannot run on the node (GPU model, CPU, or not enough GPUs with enough free milli-GPU), all the
+node's idle milli-GPU is fragmented for that pod; if it can, only the GPUs with less free milli-GPU
+than the pod needs per GPU count. CPU-only typical pods see all idle GPU as fragmented. The node's
+fragmentation is the frequency-weighted sum over typical pods.
+
+Everything is vectorised over a batch of node states ``free[S, G]`` (milli-GPU free per GPU),
+``cpu[S]`` and ``model[S]`` so that a policy can score every candidate placement at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from tide.core.model import MILLI, PodRequest
+
+
+@dataclass(frozen=True, slots=True)
+class PodShape:
+    cpu_milli: int
+    gpu_count: int
+    gpu_milli: int  # per GPU: 1000 for whole GPUs, < 1000 for a share, 0 for CPU-only
+    gpu_models: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, req: PodRequest) -> PodShape:
+        if req.gpu_count:
+            return cls(req.cpu_milli, req.gpu_count, MILLI, tuple(sorted(set(req.gpu_models))))
+        if req.gpu_milli:
+            return cls(req.cpu_milli, 1, req.gpu_milli, tuple(sorted(set(req.gpu_models))))
+        return cls(req.cpu_milli, 0, 0, ())
+
+    def sort_key(self) -> tuple[int, int, int, str]:
+        return (self.cpu_milli, self.gpu_milli, self.gpu_count, "|".join(self.gpu_models))
+
+
+@dataclass(frozen=True)
+class TypicalPods:
+    shapes: tuple[PodShape, ...]
+    weights: tuple[float, ...]  # sums to 1
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[PodRequest], coverage: float = 0.95) -> TypicalPods:
+        """The most frequent shapes that together cover ``coverage`` of the pods, renormalised."""
+        counts = Counter(PodShape.of(r) for r in requests if r.mig_profile is None)
+        if not counts:
+            return cls((), ())
+        total = sum(counts.values())
+        ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].sort_key()), reverse=True)
+        chosen: list[tuple[PodShape, int]] = []
+        cum = 0
+        for shape, cnt in ordered:
+            if cum >= coverage * total:
+                break
+            chosen.append((shape, cnt))
+            cum += cnt
+        return cls(tuple(s for s, _ in chosen), tuple(c / cum for _, c in chosen))
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+class FragModel:
+    """Typical pods compiled against one cluster's GPU model ids, for fast batch evaluation."""
+
+    def __init__(self, typical: TypicalPods, models: list[str]):
+        self.typical = typical
+        t = len(typical.shapes)
+        self.cpu = np.array([s.cpu_milli for s in typical.shapes], dtype=np.int64)
+        self.count = np.array([s.gpu_count for s in typical.shapes], dtype=np.int64)
+        milli = np.array([s.gpu_milli for s in typical.shapes], dtype=np.int64)
+        self.weight = np.array(typical.weights, dtype=np.float64)
+        self.is_gpu = self.count > 0
+        self.thresholds, self.t_k = np.unique(np.where(self.is_gpu, milli, MILLI), return_inverse=True)
+        # model_ok[model_id + 1, t]; row 0 is "node without GPUs"
+        ok = np.zeros((len(models) + 1, t), dtype=bool)
+        for k, s in enumerate(typical.shapes):
+            ok[1:, k] = [not s.gpu_models or m in s.gpu_models for m in models] if models else []
+        self.model_ok = ok
+
+    def frag(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
+        """Fragmented milli-GPU of each node state (frequency-weighted over typical pods)."""
+        total = free.sum(axis=1)
+        if len(self.weight) == 0:
+            return np.zeros(len(total))
+        mask = free[:, :, None] >= self.thresholds[None, None, :]  # S, G, K
+        ge = mask.sum(axis=1)  # GPUs that can host the per-GPU need
+        usable = (free[:, :, None] * mask).sum(axis=1)  # milli on those GPUs
+        fits = (
+            (ge[:, self.t_k] >= self.count[None, :])
+            & (cpu[:, None] >= self.cpu[None, :])
+            & self.model_ok[model + 1]
+            & self.is_gpu[None, :]
+        )
+        frag = np.where(fits, (total[:, None] - usable[:, self.t_k]), total[:, None])
+        return frag @ self.weight

@@ -1,0 +1,82 @@
+"""The scoring-plugin interface (filter -> score -> select, as in the Kubernetes scheduler framework).
+
+The placer filters nodes and enumerates candidate placements (a node, plus the GPU for a share or a
+MIG instance). Each score plugin maps the whole batch of candidates to one float per candidate,
+higher is better; the placer combines them with the policy's weights and selects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from tide.core.model import MILLI, PodRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tide.core.cluster import Cluster
+    from tide.core.frag import FragModel
+
+
+@dataclass
+class Candidates:
+    """A batch of C candidate placements for one request."""
+
+    node: np.ndarray  # [C] node index
+    gpu: np.ndarray  # [C] GPU index for shares/MIG, -1 otherwise
+    free_after: np.ndarray  # [C, G] milli-GPU free per GPU after placing
+    cpu_after: np.ndarray  # [C]
+    mem_after: np.ndarray  # [C]
+    mig_start: np.ndarray | None = None  # [C] for MIG candidates
+    mig_existing: np.ndarray | None = None  # [C] bool: an idle instance exists already
+    whole_gpus: list[tuple[int, ...]] = field(default_factory=list)  # per candidate, whole requests
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+
+@dataclass
+class Context:
+    cluster: Cluster
+    request: PodRequest
+    cand: Candidates
+    rng: np.random.Generator
+    frag: FragModel | None = None
+    _cache: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def free_before(self) -> np.ndarray:
+        arr = self._cache.get("free_before")
+        if arr is None:
+            arr = self._cache["free_before"] = self.cluster.milli_free[self.cand.node]
+        return arr
+
+    def frag_delta(self) -> np.ndarray:
+        """Increase of fragmented milli-GPU per candidate (after - before); 0 without a workload."""
+        arr = self._cache.get("frag_delta")
+        if arr is None:
+            if self.frag is None:
+                arr = np.zeros(len(self.cand))
+            else:
+                c, cand = self.cluster, self.cand
+                nodes, inverse = np.unique(cand.node, return_inverse=True)
+                before = self.frag.frag(c.milli_free[nodes], c.cpu_free[nodes], c.node_model[nodes])
+                after = self.frag.frag(cand.free_after, cand.cpu_after, c.node_model[cand.node])
+                arr = after - before[inverse]
+            self._cache["frag_delta"] = arr
+        return arr
+
+    def max_cpu(self) -> float:
+        return float(max(self.cluster.cpu_cap.max(initial=1), 1))
+
+    def max_gpu_milli(self) -> float:
+        return float(max(self.cluster.ngpu.max(initial=1), 1) * MILLI)
+
+
+class ScorePlugin(Protocol):
+    name: str
+
+    def score(self, ctx: Context) -> np.ndarray:
+        """One score per candidate; higher is better."""
+        ...

@@ -1,0 +1,33 @@
+"""structlog set-up: JSON lines in services, a console renderer on a terminal."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(service: str, fmt: str = "json", level: str = "info") -> structlog.stdlib.BoundLogger:
+    renderer: structlog.typing.Processor = (
+        structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+    )
+    def add_service(_logger: object, _name: str, event: dict[str, object]) -> dict[str, object]:
+        event.setdefault("service", service)
+        return event
+
+    structlog.configure(
+        processors=[
+            add_service,
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    return structlog.get_logger()

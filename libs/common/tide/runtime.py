@@ -1,0 +1,62 @@
+"""Process scaffolding shared by every service: settings, logging, tracing, signals, readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import structlog
+
+from tide.log import configure_logging
+from tide.settings import Settings
+from tide.tracing import configure_tracing
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+    async def run(self, stop: asyncio.Event) -> None: ...
+    async def close(self) -> None: ...
+
+
+def run_service(name: str, factory: Callable[[Settings], Service]) -> None:
+    """Run a service until SIGTERM/SIGINT, then drain and close it."""
+    settings = Settings()
+    configure_logging(name, settings.log_format, settings.log_level)
+    configure_tracing(name, settings.otlp_endpoint)
+    asyncio.run(_main(name, settings, factory))
+
+
+async def _main(name: str, settings: Settings, factory: Callable[[Settings], Service]) -> None:
+    log = structlog.get_logger().bind(service=name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    service = factory(settings)
+    await service.start()
+    if settings.ready_file is not None:
+        settings.ready_file.parent.mkdir(parents=True, exist_ok=True)
+        settings.ready_file.write_text("ready\n")
+    log.info("service_ready")
+    try:
+        await service.run(stop)
+    finally:
+        log.info("service_stopping")
+        await service.close()
+        log.info("service_stopped")
+
+
+async def every(period_s: float, stop: asyncio.Event, fn: Callable[[], Awaitable[None]]) -> None:
+    """Call ``fn`` every ``period_s`` until ``stop``; an exception is logged, not fatal."""
+    log = structlog.get_logger()
+    while not stop.is_set():
+        try:
+            await fn()
+        except Exception as exc:
+            log.exception("periodic_task_failed", error=repr(exc))
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=period_s)
+        except TimeoutError:
+            pass

@@ -1,0 +1,229 @@
+"""Messages on the bus. Every message carries ``schema_version``, ``event_id`` and ``ts``.
+
+Events are past-tense facts; commands to node agents are imperative and answered by a
+``CommandAck``. The ``event_id`` doubles as JetStream's ``Nats-Msg-Id`` for de-duplication.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from tide.schemas.job import JobSpec
+from tide.schemas.node import NodeDescription
+
+SCHEMA_VERSION = 1
+JOB_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN)]
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: str = Field(default_factory=new_event_id)
+    ts: float = Field(default_factory=time.time)
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+
+# ---------------------------------------------------------------- intake
+class SubmitJob(Message):
+    """Published by users on ``tide.jobs.submit``. ``job_id`` is chosen by the queue when absent."""
+
+    job_id: JobId | None = None
+    spec: JobSpec
+
+
+class CancelJob(Message):
+    job_id: JobId
+    reason: str = "cancelled by user"
+
+
+class JobRejected(Message):
+    job_id: str | None = None
+    field: str
+    reason: str
+
+
+# ---------------------------------------------------------------- job state
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+    UNSCHEDULABLE = "unschedulable"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED})
+
+
+class PodState(StrEnum):
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+POD_DONE_STATES = frozenset({PodState.SUCCEEDED, PodState.FAILED, PodState.STOPPED})
+
+
+class PodRecord(BaseModel):
+    name: str
+    index: int
+    state: PodState = PodState.PENDING
+    node: str | None = None
+    gpus: list[str] = Field(default_factory=list, description="GPU (or MIG) UUIDs")
+    exit_code: int | None = None
+    reason: str | None = None
+
+
+class JobRecord(BaseModel):
+    """The authoritative record of a job, kept in Redis."""
+
+    job_id: str
+    spec: JobSpec
+    state: JobState = JobState.PENDING
+    reason: str = ""
+    submitted_at: float
+    updated_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempts: int = 0
+    cancel_requested: bool = False
+    pods: list[PodRecord] = Field(default_factory=list)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+
+class JobEvent(Message):
+    """A lifecycle fact on ``tide.events.job.<job_id>.<kind>``."""
+
+    job_id: str
+    kind: str
+    state: JobState
+    reason: str = ""
+    pod: str | None = None
+    node: str | None = None
+    exit_code: int | None = None
+    queue: str | None = None
+    priority_class: str | None = None
+    wait_s: float | None = None
+
+
+# ---------------------------------------------------------------- node agents
+class NodeRegistered(Message):
+    kind: Literal["registered"] = "registered"
+    node: NodeDescription
+    running_pods: list[str] = Field(default_factory=list, description="'<job_id>/<pod>' the agent still runs")
+
+
+class PodStarted(Message):
+    kind: Literal["pod-started"] = "pod-started"
+    node_id: str
+    job_id: str
+    pod: str
+    pid: int
+
+
+class ExitReason(StrEnum):
+    COMPLETED = "Completed"
+    ERROR = "Error"
+    OOM = "OOM"
+    STOPPED = "Stopped"
+    START_FAILED = "StartFailed"
+    LOST = "Lost"
+
+
+class PodExited(Message):
+    kind: Literal["pod-exited"] = "pod-exited"
+    node_id: str
+    job_id: str
+    pod: str
+    exit_code: int | None
+    signal: int | None = None
+    reason: ExitReason
+    message: str = ""
+
+
+NodeStatus = Annotated[NodeRegistered | PodStarted | PodExited, Field(discriminator="kind")]
+
+
+NODE_STATUS = TypeAdapter(NodeStatus)
+
+
+class GpuAssignment(BaseModel):
+    index: int
+    uuid: str
+    milli: int = 1000
+    memory_mib: int | None = None
+
+
+class StartPod(Message):
+    kind: Literal["start"] = "start"
+    job_id: str
+    pod: str
+    pod_index: int
+    world_size: int
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    gpus: list[GpuAssignment] = Field(default_factory=list)
+    share_sm_percent: int | None = None
+    share_memory_mib: int | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+class StopPod(Message):
+    kind: Literal["stop"] = "stop"
+    job_id: str
+    pod: str
+    grace_s: float = 10.0
+    reason: str = "stopped"
+
+
+NodeCommand = Annotated[StartPod | StopPod, Field(discriminator="kind")]
+
+
+NODE_COMMAND = TypeAdapter(NodeCommand)
+
+
+class CommandAck(BaseModel):
+    ok: bool
+    error: str = ""
+
+
+class GpuSample(BaseModel):
+    index: int
+    uuid: str
+    utilization_ratio: float = 0.0
+    memory_used_bytes: int = 0
+    memory_total_bytes: int = 0
+    memory_bandwidth_ratio: float = 0.0
+    pcie_tx_bytes_per_s: float = 0.0
+    pcie_rx_bytes_per_s: float = 0.0
+    sm_clock_hz: float = 0.0
+    power_watts: float = 0.0
+    temperature_c: float = 0.0
+
+
+class Telemetry(Message):
+    """Heartbeat plus per-GPU samples, on ``tide.telemetry.<node_id>``."""
+
+    node_id: str
+    running_pods: int = 0
+    gpus: list[GpuSample] = Field(default_factory=list)

@@ -1,0 +1,92 @@
+"""Job records and the pending set in Redis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from tide.schemas.events import JobRecord
+from tide.store import keys
+
+
+class JobStore:
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def create(self, record: JobRecord, pending_score: float) -> bool:
+        """Store a new job and enqueue it; False (and no change) when the id already exists."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(keys.job(record.job_id))
+                    if await pipe.exists(keys.job(record.job_id)):
+                        await pipe.reset()
+                        return False
+                    pipe.multi()
+                    pipe.set(keys.job(record.job_id), record.to_json())
+                    pipe.zadd(keys.JOBS_INDEX, {record.job_id: record.submitted_at})
+                    pipe.zadd(keys.PENDING, {record.job_id: pending_score})
+                    await pipe.execute()
+                    return True
+                except WatchError:
+                    continue
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        raw = await self.redis.get(keys.job(job_id))
+        return JobRecord.model_validate_json(raw) if raw else None
+
+    async def update(
+        self, job_id: str, change: Callable[[JobRecord], bool]
+    ) -> JobRecord | None:
+        """Apply ``change`` atomically (optimistic WATCH); it returns False to leave the record as is.
+
+        Returns the record after the change, or None when the job does not exist or nothing changed.
+        """
+        key = keys.job(job_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        await pipe.reset()
+                        return None
+                    record = JobRecord.model_validate_json(raw)
+                    if not change(record):
+                        await pipe.reset()
+                        return None
+                    record.updated_at = time.time()
+                    pipe.multi()
+                    pipe.set(key, record.to_json())
+                    await pipe.execute()
+                    return record
+                except WatchError:
+                    continue
+
+    async def pending(self, limit: int = 1000) -> list[str]:
+        return list(await self.redis.zrange(keys.PENDING, 0, limit - 1))
+
+    async def dequeue(self, job_id: str) -> None:
+        await self.redis.zrem(keys.PENDING, job_id)
+
+    async def requeue(self, job_id: str, score: float) -> None:
+        await self.redis.zadd(keys.PENDING, {job_id: score})
+
+    async def request_stop(self, job_id: str) -> None:
+        await self.redis.sadd(keys.CANCELLING, job_id)
+
+    async def stop_requests(self) -> list[str]:
+        return list(await self.redis.smembers(keys.CANCELLING))
+
+    async def stop_done(self, job_id: str) -> None:
+        await self.redis.srem(keys.CANCELLING, job_id)
+
+    async def recent(self, limit: int = 50) -> list[JobRecord]:
+        ids = await self.redis.zrevrange(keys.JOBS_INDEX, 0, limit - 1)
+        if not ids:
+            return []
+        raws = await self.redis.mget([keys.job(i) for i in ids])
+        return [JobRecord.model_validate_json(r) for r in raws if r]

@@ -1,0 +1,43 @@
+-- Claim every slot of a set of pods in one atomic step: all or nothing.
+-- ARGV[1] = JSON {"index": <claims index key>, "ttl_ms": <0 = permanent>,
+--                 "claims": [{"key": <claim key>, "alloc": <json string>,
+--                             "items": [[cap_key, used_key, field, amount], ...]}]}
+-- Returns {1, "ok"} or {0, reason}; on {0, ...} nothing was changed.
+local req = cjson.decode(ARGV[1])
+local need = {}
+local order = {}
+for _, c in ipairs(req.claims) do
+  if redis.call('EXISTS', c.key) == 1 then
+    return {0, 'already claimed: ' .. c.key}
+  end
+  for _, it in ipairs(c.items) do
+    local id = it[1] .. '\0' .. it[3]
+    if need[id] == nil then
+      need[id] = {cap = it[1], used = it[2], field = it[3], amount = 0}
+      table.insert(order, id)
+    end
+    need[id].amount = need[id].amount + tonumber(it[4])
+  end
+end
+for _, id in ipairs(order) do
+  local n = need[id]
+  local cap = tonumber(redis.call('HGET', n.cap, n.field))
+  if cap == nil then
+    return {0, 'unknown resource ' .. n.cap .. ' ' .. n.field}
+  end
+  local used = tonumber(redis.call('HGET', n.used, n.field) or '0')
+  if used + n.amount > cap then
+    return {0, 'insufficient ' .. n.field .. ' on ' .. n.cap .. ': ' .. used .. '+' .. n.amount .. '>' .. cap}
+  end
+end
+for _, id in ipairs(order) do
+  local n = need[id]
+  if n.amount ~= 0 then
+    redis.call('HINCRBY', n.used, n.field, n.amount)
+  end
+end
+for _, c in ipairs(req.claims) do
+  redis.call('HSET', c.key, 'items', cjson.encode(c.items), 'alloc', c.alloc)
+  redis.call('SADD', req.index, c.key)
+end
+return {1, 'ok'}

@@ -1,0 +1,98 @@
+"""Every NATS subject and JetStream stream Tide uses, defined once.
+
+Commands to node agents are core-NATS request/reply (the agent's reply is its
+acknowledgement), so the NODE stream captures only the agents' status subjects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PREFIX = "tide"
+
+# Job intake (stream JOBS)
+JOBS_ALL = f"{PREFIX}.jobs.>"
+JOB_SUBMIT = f"{PREFIX}.jobs.submit"
+JOB_CANCEL = f"{PREFIX}.jobs.cancel"
+JOB_REJECTED = f"{PREFIX}.jobs.rejected"
+
+# Job lifecycle events (stream EVENTS): tide.events.job.<job_id>.<kind>
+EVENTS_ALL = f"{PREFIX}.events.>"
+JOB_EVENTS_ALL = f"{PREFIX}.events.job.>"
+
+
+def job_event(job_id: str, kind: str) -> str:
+    return f"{PREFIX}.events.job.{job_id}.{kind}"
+
+
+def job_events(job_id: str) -> str:
+    return f"{PREFIX}.events.job.{job_id}.>"
+
+
+# Node agents (stream NODE for status; commands are request/reply)
+NODE_STATUS_ALL = f"{PREFIX}.node.*.status"
+
+
+def node_status(node_id: str) -> str:
+    return f"{PREFIX}.node.{node_id}.status"
+
+
+def node_cmd(node_id: str) -> str:
+    return f"{PREFIX}.node.{node_id}.cmd"
+
+
+def node_inbox_prefix(node_id: str) -> str:
+    """The only inbox prefix a node agent may subscribe to (for its JetStream publish acks)."""
+    return f"_INBOX_{node_id}"
+
+
+# Telemetry and heartbeats (stream TELEMETRY)
+TELEMETRY_ALL = f"{PREFIX}.telemetry.>"
+
+
+def telemetry(node_id: str) -> str:
+    return f"{PREFIX}.telemetry.{node_id}"
+
+
+# Feedback loop output
+PLACER_WEIGHTS = f"{PREFIX}.placer.weights"
+# Wake-up hint for the placer's scheduling cycle (core NATS; losing one only delays a cycle)
+PLACER_KICK = f"{PREFIX}.placer.kick"
+
+# Request/reply APIs used by the CLI
+API_STATUS = f"{PREFIX}.api.status"
+API_QUEUES = f"{PREFIX}.api.queues"
+API_NODES = f"{PREFIX}.api.nodes"
+
+
+@dataclass(frozen=True)
+class StreamDef:
+    name: str
+    subjects: list[str]
+    max_age_s: float
+    max_msgs_per_subject: int = -1
+    description: str = ""
+    duplicate_window_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class ConsumerDef:
+    stream: str
+    durable: str
+    filter_subjects: list[str] = field(default_factory=list)
+    ack_wait_s: float = 30.0
+    max_deliver: int = 10
+
+
+DAY_S = 24 * 3600.0
+STREAMS: list[StreamDef] = [
+    StreamDef("JOBS", [JOBS_ALL], 7 * DAY_S, description="job submissions, cancellations and rejections"),
+    StreamDef("EVENTS", [EVENTS_ALL], 7 * DAY_S, description="job lifecycle events"),
+    StreamDef("NODE", [NODE_STATUS_ALL], 7 * DAY_S, description="node agent registrations and pod status"),
+    StreamDef("TELEMETRY", [TELEMETRY_ALL], 3600.0, max_msgs_per_subject=1000, description="GPU telemetry"),
+]
+
+QUEUE_INTAKE = ConsumerDef("JOBS", "queue-intake", [JOB_SUBMIT, JOB_CANCEL])
+PLACER_NODE_STATUS = ConsumerDef("NODE", "placer-node-status", [NODE_STATUS_ALL])
+METRICS_EVENTS = ConsumerDef("EVENTS", "metrics-events", [EVENTS_ALL])
+METRICS_TELEMETRY = ConsumerDef("TELEMETRY", "metrics-telemetry", [TELEMETRY_ALL], ack_wait_s=10.0, max_deliver=2)

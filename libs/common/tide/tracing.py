@@ -1,0 +1,32 @@
+"""OpenTelemetry tracing: one tracer per service, spans keyed by job id, OTLP export when configured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+
+def configure_tracing(service: str, otlp_endpoint: str | None) -> trace.Tracer:
+    provider = TracerProvider(resource=Resource.create({"service.name": f"tide-{service}"}))
+    if otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
+    trace.set_tracer_provider(provider)
+    return trace.get_tracer(f"tide.{service}")
+
+
+@contextmanager
+def job_span(tracer: trace.Tracer, name: str, job_id: str | None, **attrs: object) -> Iterator[trace.Span]:
+    """A span carrying ``tide.job_id`` so a job's path can be followed across services."""
+    with tracer.start_as_current_span(name) as span:
+        if job_id:
+            span.set_attribute("tide.job_id", job_id)
+        for key, value in attrs.items():
+            span.set_attribute(f"tide.{key}", str(value))
+        yield span

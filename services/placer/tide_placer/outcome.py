@@ -1,0 +1,57 @@
+"""How a pod's start or exit changes its job (pure decisions on a JobRecord)."""
+
+from __future__ import annotations
+
+import time
+
+from tide.schemas.events import POD_DONE_STATES, ExitReason, JobRecord, JobState, PodExited, PodState
+
+
+def mark_pod_started(record: JobRecord, pod: str) -> bool:
+    """Mark a pod running; the job turns running when every pod of its gang runs. Returns the job turned."""
+    for p in record.pods:
+        if p.name == pod and p.state in (PodState.PENDING, PodState.STARTING):
+            p.state = PodState.RUNNING
+    if record.state == JobState.PENDING and all(p.state == PodState.RUNNING for p in record.pods):
+        record.state = JobState.RUNNING
+        record.reason = ""
+        record.started_at = time.time()
+        return True
+    return False
+
+
+def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | None, list[str]]:
+    """Record a pod's exit. Returns (the job's new terminal state or None, pods still to stop)."""
+    for p in record.pods:
+        if p.name == exited.pod and p.state not in POD_DONE_STATES:
+            p.exit_code = exited.exit_code
+            p.reason = exited.reason.value
+            if exited.reason == ExitReason.STOPPED:
+                p.state = PodState.STOPPED
+            elif exited.reason == ExitReason.COMPLETED and exited.exit_code == 0:
+                p.state = PodState.SUCCEEDED
+            else:
+                p.state = PodState.FAILED
+    live = [p.name for p in record.pods if p.state not in POD_DONE_STATES and p.node]
+    if record.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+        return None, live
+    if record.cancel_requested:
+        if not live:
+            record.state = JobState.CANCELLED
+            record.finished_at = time.time()
+            return JobState.CANCELLED, []
+        return None, live
+    failed = [p for p in record.pods if p.state == PodState.FAILED]
+    if failed:
+        first = failed[0]
+        why = "OOM" if first.reason == ExitReason.OOM.value else f"exited with code {first.exit_code}"
+        record.state = JobState.FAILED
+        record.reason = f"pod {first.name} {why}" + (f": {exited.message}" if exited.message else "")
+        record.finished_at = time.time()
+        return JobState.FAILED, live
+    if all(p.state == PodState.SUCCEEDED for p in record.pods):
+        record.state = JobState.SUCCEEDED
+        record.reason = ""
+        record.finished_at = time.time()
+        return JobState.SUCCEEDED, []
+    return None, []

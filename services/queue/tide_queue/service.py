@@ -1,0 +1,171 @@
+"""The queue service: job intake and validation, the pending queue, cancellation, status API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import structlog
+from nats.aio.msg import Msg
+
+from tide import subjects
+from tide.bus.nats import connect, consume, ensure_streams, publish
+from tide.events import publish_job_event
+from tide.schemas.events import (
+    TERMINAL_STATES,
+    CancelJob,
+    JobEvent,
+    JobRecord,
+    JobRejected,
+    JobState,
+    PodRecord,
+    SubmitJob,
+)
+from tide.settings import Settings
+from tide.store import keys
+from tide.store.jobs import JobStore
+from tide.store.redis import connect_redis
+from tide_queue.ordering import pending_score
+from tide_queue.validation import parse_submission
+
+log = structlog.get_logger()
+REJECTION_TTL_S = 24 * 3600
+
+
+class QueueService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def start(self) -> None:
+        self.nc = await connect(self.settings, "tide-queue")
+        self.js = self.nc.jetstream()
+        await ensure_streams(self.js)
+        self.redis = connect_redis(self.settings.redis_url)
+        self.jobs = JobStore(self.redis)
+        await self.nc.subscribe(subjects.API_STATUS, cb=self._api_status)
+        await self.nc.subscribe(subjects.API_QUEUES, cb=self._api_queues)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop)
+
+    async def close(self) -> None:
+        await self.nc.drain()
+        await self.redis.aclose()
+
+    # ------------------------------------------------------------ intake
+    async def _on_intake(self, msg: Msg) -> None:
+        if msg.subject == subjects.JOB_SUBMIT:
+            await self._on_submit(msg)
+        elif msg.subject == subjects.JOB_CANCEL:
+            await self._on_cancel(msg)
+        await msg.ack()
+
+    async def _on_submit(self, msg: Msg) -> None:
+        hint = (msg.headers or {}).get("Tide-Job-Id")
+        parsed = parse_submission(msg.data, self.settings.max_payload_bytes, hint)
+        if isinstance(parsed, JobRejected):
+            await self._reject(parsed)
+            return
+        await self._accept(parsed)
+
+    async def _reject(self, rejection: JobRejected) -> None:
+        log.info("job_rejected", job_id=rejection.job_id, field=rejection.field, reason=rejection.reason)
+        await publish(self.js, subjects.JOB_REJECTED, rejection)
+        if rejection.job_id:
+            await self.redis.set(
+                keys.rejected(rejection.job_id),
+                json.dumps({"field": rejection.field, "reason": rejection.reason}),
+                ex=REJECTION_TTL_S,
+            )
+            event = JobEvent(
+                event_id=f"{rejection.job_id}.rejected",
+                job_id=rejection.job_id,
+                kind="rejected",
+                state=JobState.REJECTED,
+                reason=f"{rejection.field}: {rejection.reason}",
+            )
+            await publish(self.js, subjects.job_event(rejection.job_id, "rejected"), event)
+
+    async def _accept(self, sub: SubmitJob) -> None:
+        job_id = sub.job_id or f"{sub.spec.metadata.name}-{sub.event_id[:8]}"
+        now = time.time()
+        gang = sub.spec.spec.gang_size
+        record = JobRecord(
+            job_id=job_id,
+            spec=sub.spec,
+            submitted_at=sub.ts,
+            updated_at=now,
+            pods=[PodRecord(name=f"{job_id}-{i}", index=i) for i in range(gang)],
+        )
+        score = pending_score(sub.spec.metadata.priority_class, sub.ts)
+        created = await self.jobs.create(record, score)
+        if not created:
+            existing = await self.jobs.get(job_id)
+            if existing is not None and existing.spec != sub.spec:
+                await self._reject(JobRejected(job_id=job_id, field="job_id", reason="job id already in use"))
+                return
+            log.info("job_duplicate_submit", job_id=job_id)
+        else:
+            log.info("job_queued", job_id=job_id, queue=sub.spec.metadata.queue, pods=gang)
+        await publish_job_event(self.js, record, "queued", reason="")
+        await self.nc.publish(subjects.PLACER_KICK, b"queued")
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        try:
+            cancel = CancelJob.model_validate_json(msg.data)
+        except ValueError as exc:
+            log.warning("bad_cancel", error=str(exc))
+            return
+
+        def change(record: JobRecord) -> bool:
+            if record.state in TERMINAL_STATES or record.cancel_requested:
+                return False
+            record.cancel_requested = True
+            record.reason = cancel.reason
+            if record.state in (JobState.PENDING, JobState.UNSCHEDULABLE) and not any(p.node for p in record.pods):
+                record.state = JobState.CANCELLED
+                record.finished_at = time.time()
+            return True
+
+        record = await self.jobs.update(cancel.job_id, change)
+        if record is None:
+            return
+        log.info("job_cancel", job_id=cancel.job_id, state=record.state)
+        if record.state == JobState.CANCELLED:
+            await self.jobs.dequeue(cancel.job_id)
+            await publish_job_event(self.js, record, "cancelled")
+        else:
+            await self.jobs.request_stop(cancel.job_id)
+            await self.nc.publish(subjects.PLACER_KICK, b"cancel")
+
+    # ------------------------------------------------------------ APIs
+    async def _api_status(self, msg: Msg) -> None:
+        try:
+            req = json.loads(msg.data or b"{}")
+            job_id = req.get("job_id")
+            if job_id:
+                record = await self.jobs.get(job_id)
+                if record is not None:
+                    body = {"jobs": [json.loads(record.to_json())]}
+                else:
+                    rej = await self.redis.get(keys.rejected(job_id))
+                    if rej:
+                        info = json.loads(rej)
+                        body = {"jobs": [], "rejected": {"job_id": job_id, **info}}
+                    else:
+                        body = {"jobs": [], "error": f"no job {job_id!r}"}
+            else:
+                records = await self.jobs.recent(int(req.get("limit", 50)))
+                body = {"jobs": [json.loads(r.to_json()) for r in records]}
+        except Exception as exc:
+            body = {"jobs": [], "error": repr(exc)}
+        await msg.respond(json.dumps(body).encode())
+
+    async def _api_queues(self, msg: Msg) -> None:
+        records = await self.jobs.recent(5000)
+        queues: dict[str, dict[str, int]] = {}
+        for r in records:
+            q = queues.setdefault(r.spec.metadata.queue, {s.value: 0 for s in JobState})
+            q[r.state.value] += 1
+        await msg.respond(json.dumps({"queues": queues}).encode())

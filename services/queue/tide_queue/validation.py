@@ -1,0 +1,44 @@
+"""Turn raw submission bytes into a SubmitJob, or a rejection naming the field and the reason (pure)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pydantic import ValidationError
+
+from tide.schemas.events import SCHEMA_VERSION, JobRejected, SubmitJob
+
+_SAFE_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc if not str(p).startswith("function-")) or "payload"
+
+
+def parse_submission(data: bytes, max_bytes: int, job_id_hint: str | None = None) -> SubmitJob | JobRejected:
+    job_id = job_id_hint if job_id_hint and _SAFE_ID.match(job_id_hint) else None
+    if len(data) > max_bytes:
+        return JobRejected(job_id=job_id, field="payload", reason=f"payload of {len(data)} bytes exceeds {max_bytes}")
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return JobRejected(job_id=job_id, field="payload", reason=f"malformed JSON: {exc}")
+    if not isinstance(obj, dict):
+        return JobRejected(job_id=job_id, field="payload", reason="expected a JSON object")
+    if isinstance(obj.get("job_id"), str) and _SAFE_ID.match(obj["job_id"]):
+        job_id = obj["job_id"]
+    version = obj.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        return JobRejected(
+            job_id=job_id,
+            field="schema_version",
+            reason=f"unsupported schema_version {version!r} (supported: {SCHEMA_VERSION})",
+        )
+    try:
+        return SubmitJob.model_validate(obj)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        msg = first["msg"].removeprefix("Value error, ")
+        return JobRejected(job_id=job_id, field=_loc(first["loc"]), reason=f"{msg}{extra}")
