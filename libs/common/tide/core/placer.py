@@ -75,6 +75,7 @@ class Placer:
         seed: int | None = 0,
         workload: TypicalPods | None = None,
         window: int = 5000,
+        tie_break: str = "first",
     ):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -82,6 +83,9 @@ class Placer:
         self.weights: dict[str, float] = dict(POLICIES[policy].weights)
         self._plugins: dict[str, ScorePlugin] = {}
         self.set_weights(weights or {})
+        if tie_break not in ("first", "random"):
+            raise ValueError("tie_break must be 'first' (node order, as the reference simulator) or 'random'")
+        self.tie_break = tie_break
         self.rng = np.random.default_rng(seed)
         self._workload = workload
         self._fixed_workload = workload is not None
@@ -143,7 +147,7 @@ class Placer:
             total += self.weights[name] * plugin.score(ctx)
         if cand.mig_start is not None:
             total += mig_preference(cluster, cand)
-        k = select(total, cand, ctx.free_before, self.rng)
+        k = select(total, cand, ctx.free_before, self.rng if self.tie_break == "random" else None)
         return make_allocation(cluster, req, cand, k, float(total[k]))
 
     def place_many(self, cluster: Cluster, reqs: Iterable[PodRequest]) -> list[Allocation | Unfit]:
@@ -158,12 +162,16 @@ class Placer:
         return out
 
 
-def select(total: np.ndarray, cand: Candidates, free_before: np.ndarray, rng: np.random.Generator) -> int:
-    """Best node (random among ties), then its best candidate (ties: least free GPU, lowest index)."""
+def select(total: np.ndarray, cand: Candidates, free_before: np.ndarray, rng: np.random.Generator | None) -> int:
+    """Best node (ties: first in node order, or random with ``rng``), then its best candidate
+    (ties: least free GPU, then lowest GPU index)."""
     best = total.max()
     tied = np.flatnonzero(total >= best - 1e-9)
-    nodes = np.unique(cand.node[tied])
-    node = nodes[0] if len(nodes) == 1 else nodes[rng.integers(len(nodes))]
+    if rng is None:
+        node = cand.node[tied].min()
+    else:
+        nodes = np.unique(cand.node[tied])
+        node = nodes[0] if len(nodes) == 1 else nodes[rng.integers(len(nodes))]
     in_node = tied[cand.node[tied] == node]
     if len(in_node) == 1:
         return int(in_node[0])

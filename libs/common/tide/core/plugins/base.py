@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-
 from tide.core.model import MILLI, PodRequest
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -8,7 +8,6 @@ broken at random by the placer), which is what reproduces the published numbers.
 from __future__ import annotations
 
 import numpy as np
-
 from tide.core.plugins.base import Context
 
 

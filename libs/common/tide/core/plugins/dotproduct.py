@@ -4,7 +4,6 @@ way as the request, normalised per dimension by the largest node."""
 from __future__ import annotations
 
 import numpy as np
-
 from tide.core.plugins.base import Context
 
 

@@ -8,7 +8,6 @@ behaviour used to reproduce the published figures).
 from __future__ import annotations
 
 import numpy as np
-
 from tide.core.plugins.base import Context
 
 

@@ -7,7 +7,6 @@ Score tiers: a share landing on a partly used GPU (100) > any pod on a node with
 from __future__ import annotations
 
 import numpy as np
-
 from tide.core.model import MILLI
 from tide.core.plugins.base import Context
 

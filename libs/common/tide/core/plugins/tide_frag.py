@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from tide.core.plugins.base import Context
 from tide.core.plugins.bestfit import bestfit_raw
 

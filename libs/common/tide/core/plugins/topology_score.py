@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from tide.core.plugins.base import Context
 from tide.core.topology import Level, span
 
