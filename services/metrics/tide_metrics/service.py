@@ -14,7 +14,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import start_http_server
 
 from tide import subjects
-from tide.bus.nats import connect, consume, ensure_streams
+from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.schemas.events import GpuSample, JobEvent, Telemetry
 from tide.settings import Settings
 
@@ -60,7 +60,7 @@ class MetricsService:
         )
 
     async def close(self) -> None:
-        await self.nc.drain()
+        await close_nats(self.nc)
 
     async def _on_event(self, msg: Msg) -> None:
         try:

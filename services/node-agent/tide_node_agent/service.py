@@ -8,7 +8,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from tide import subjects
-from tide.bus.nats import connect, publish
+from tide.bus.nats import close_nats, connect, publish
 from tide.runtime import every
 from tide.schemas.events import (
     NODE_COMMAND,
@@ -88,7 +88,7 @@ class NodeAgent:
         waiters = [p.waiter for p in self.pods.values() if p.waiter]
         if waiters:
             await asyncio.wait(waiters, timeout=5)
-        await self.nc.drain()
+        await close_nats(self.nc)
 
     async def _status(self, message: Message) -> None:
         await publish(self.js, subjects.node_status(self.node_id), message)

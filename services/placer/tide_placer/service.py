@@ -11,7 +11,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from tide import subjects
-from tide.bus.nats import connect, consume, ensure_streams
+from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.events import publish_job_event
 from tide.schemas.events import (
     NODE_STATUS,
@@ -66,7 +66,7 @@ class PlacerService:
         )
 
     async def close(self) -> None:
-        await self.nc.drain()
+        await close_nats(self.nc)
         await self.redis.aclose()
 
     # ------------------------------------------------------------ triggers

@@ -10,7 +10,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from tide import subjects
-from tide.bus.nats import connect, consume, ensure_streams, publish
+from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
 from tide.events import publish_job_event
 from tide.schemas.events import (
     TERMINAL_STATES,
@@ -50,7 +50,7 @@ class QueueService:
         await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop)
 
     async def close(self) -> None:
-        await self.nc.drain()
+        await close_nats(self.nc)
         await self.redis.aclose()
 
     # ------------------------------------------------------------ intake

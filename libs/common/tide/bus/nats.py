@@ -52,6 +52,15 @@ async def connect(settings: Settings, name: str, inbox_prefix: str | None = None
     return await nats.connect(**options)
 
 
+async def close_nats(nc: NATS, timeout_s: float = 2.0) -> None:
+    """Flush what we published, then close (the consumers have stopped, so nothing is in flight)."""
+    try:
+        await asyncio.wait_for(nc.flush(), timeout=timeout_s)
+    except Exception:
+        pass
+    await nc.close()
+
+
 async def ensure_streams(js: JetStreamContext) -> None:
     """Create or update every stream of ``tide.subjects.STREAMS`` (idempotent)."""
     for sd in STREAMS:
@@ -116,7 +125,7 @@ async def consume(
                 await js.add_consumer(cdef.stream, config)
                 sub = await js.pull_subscribe_bind(durable=cdef.durable, stream=cdef.stream)
             msgs = await sub.fetch(batch, timeout=0.5)
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, TimeoutError):
             continue
         except Exception as exc:  # server away or consumer lost: back off and rebuild
             log.warning("consume_error", consumer=cdef.durable, error=repr(exc))

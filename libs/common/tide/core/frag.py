@@ -44,11 +44,16 @@ class PodShape:
 class TypicalPods:
     shapes: tuple[PodShape, ...]
     weights: tuple[float, ...]  # sums to 1
+    counts: tuple[tuple[PodShape, int], ...] = ()  # every shape seen, for re-weighting
 
     @classmethod
     def from_requests(cls, requests: Iterable[PodRequest], coverage: float = 0.95) -> TypicalPods:
         """The most frequent shapes that together cover ``coverage`` of the pods, renormalised."""
         counts = Counter(PodShape.of(r) for r in requests if r.mig_profile is None)
+        return cls.from_counts(counts, coverage)
+
+    @classmethod
+    def from_counts(cls, counts: Counter[PodShape] | dict[PodShape, int], coverage: float = 0.95) -> TypicalPods:
         if not counts:
             return cls((), ())
         total = sum(counts.values())
@@ -60,7 +65,32 @@ class TypicalPods:
                 break
             chosen.append((shape, cnt))
             cum += cnt
-        return cls(tuple(s for s, _ in chosen), tuple(c / cum for _, c in chosen))
+        return cls(tuple(s for s, _ in chosen), tuple(c / cum for _, c in chosen), tuple(counts.items()))
+
+    def by_demand(self, coverage: float = 0.95, cpu_only_share: float = 0.1) -> TypicalPods:
+        """Shapes weighted by their share of GPU demand instead of their pod count.
+
+        Large multi-GPU pods are rare but carry much of the GPU demand; weighting by demand makes
+        breaking up the idle nodes they need count. CPU-only shapes keep ``cpu_only_share`` of the
+        weight (split by count) so that CPU consumption on GPU nodes still matters.
+        """
+        counts = dict(self.counts)
+        gpu = {s: c * s.gpu_count * s.gpu_milli for s, c in counts.items() if s.gpu_count}
+        cpu = {s: c for s, c in counts.items() if not s.gpu_count}
+        if not gpu:
+            return self
+        g_total = sum(gpu.values())
+        chosen, cum = [], 0
+        for shape, dem in sorted(gpu.items(), key=lambda kv: (kv[1], kv[0].sort_key()), reverse=True):
+            if cum >= coverage * g_total:
+                break
+            chosen.append((shape, dem))
+            cum += dem
+        c_total = sum(cpu.values())
+        share = cpu_only_share if c_total else 0.0
+        shapes = [s for s, _ in chosen] + list(cpu)
+        weights = [(1 - share) * d / cum for _, d in chosen] + [share * c / c_total for c in cpu.values()]
+        return TypicalPods(tuple(shapes), tuple(weights), self.counts)
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -99,4 +129,27 @@ class FragModel:
             & self.is_gpu[None, :]
         )
         frag = np.where(fits, (total[:, None] - usable[:, self.t_k]), total[:, None])
+        return frag @ self.weight
+
+
+class CapacityFragModel(FragModel):
+    """CPU-aware fragmentation: idle milli-GPU that repeated pods of one typical shape cannot use.
+
+    For each typical pod the node packs ``min(GPU slots, CPU slots)`` copies of it, where GPU slots
+    count whole copies that fit the per-GPU free milli-GPU and CPU slots the copies the free CPU
+    allows; everything idle beyond what those copies use is fragmented for that shape. Unlike the
+    single-pod test of FGD, a node whose CPU runs out before its GPUs do shows its stranded GPUs.
+    """
+
+    def frag(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
+        total = free.sum(axis=1)
+        if len(self.weight) == 0:
+            return np.zeros(len(total))
+        per_gpu = free[:, :, None] // self.thresholds[None, None, :]  # S, G, K copies per GPU
+        slots = per_gpu.sum(axis=1)[:, self.t_k] // np.maximum(self.count, 1)[None, :]  # S, T
+        cpu_slots = cpu[:, None] // np.maximum(self.cpu, 1)[None, :]
+        pods = np.minimum(slots, cpu_slots)
+        pods = np.where(self.model_ok[model + 1] & self.is_gpu[None, :], pods, 0)
+        used = pods * (self.thresholds[self.t_k] * np.maximum(self.count, 1))[None, :]
+        frag = total[:, None] - np.minimum(used, total[:, None])
         return frag @ self.weight

@@ -13,7 +13,7 @@ import numpy as np
 
 from tide.core.cluster import Cluster, slot_mask
 from tide.core.filtering import mig_gpus, never_fits, node_filter, share_free, whole_free
-from tide.core.frag import FragModel, TypicalPods
+from tide.core.frag import CapacityFragModel, FragModel, TypicalPods
 from tide.core.mig import MIG_COMPUTE_SLICES, profiles_for
 from tide.core.model import MILLI, Allocation, MigAssignment, PodRequest, Unfit
 from tide.core.plugins.base import Candidates, Context, ScorePlugin
@@ -91,7 +91,7 @@ class Placer:
         self._fixed_workload = workload is not None
         self._recent: deque[PodRequest] = deque(maxlen=window)
         self._since_refresh = 0
-        self._frag_cache: tuple[int, tuple[str, ...], FragModel] | None = None
+        self._frag_cache: tuple[int, tuple[str, ...], FragModel, FragModel] | None = None
 
     # ------------------------------------------------------------------ configuration
     def set_weights(self, weights: dict[str, float]) -> None:
@@ -121,14 +121,14 @@ class Placer:
     def workload(self) -> TypicalPods | None:
         return self._workload
 
-    def _frag_model(self, cluster: Cluster) -> FragModel | None:
+    def _frag_models(self, cluster: Cluster) -> tuple[FragModel | None, FragModel | None]:
         wl = self._workload
         if wl is None or len(wl) == 0:
-            return None
+            return None, None
         key = (id(wl), tuple(cluster.models))
         if self._frag_cache is None or self._frag_cache[:2] != key:
-            self._frag_cache = (*key, FragModel(wl, cluster.models))
-        return self._frag_cache[2]
+            self._frag_cache = (*key, FragModel(wl, cluster.models), CapacityFragModel(wl.by_demand(), cluster.models))
+        return self._frag_cache[2], self._frag_cache[3]
 
     # ------------------------------------------------------------------ placement
     def place(self, cluster: Cluster, req: PodRequest) -> Allocation | Unfit:
@@ -141,7 +141,7 @@ class Placer:
             if gpu_reason:
                 reasons.append(gpu_reason)
             return Unfit(f"0/{cluster.num_nodes} nodes fit: " + "; ".join(reasons), resolvable=True)
-        ctx = Context(cluster, req, cand, self.rng, self._frag_model(cluster))
+        ctx = Context(cluster, req, cand, self.rng, *self._frag_models(cluster))
         total = np.zeros(len(cand))
         for name, plugin in self._plugins.items():
             total += self.weights[name] * plugin.score(ctx)

@@ -87,13 +87,18 @@ class StackInfo:
 
 
 def _alive(pid: int) -> bool:
+    """True while the process runs (a zombie nobody reaped yet counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def stack_running(home: Path) -> bool:

@@ -42,6 +42,7 @@ class Context:
     cand: Candidates
     rng: np.random.Generator
     frag: FragModel | None = None
+    frag_capacity: FragModel | None = None
     _cache: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -51,19 +52,23 @@ class Context:
             arr = self._cache["free_before"] = self.cluster.milli_free[self.cand.node]
         return arr
 
-    def frag_delta(self) -> np.ndarray:
-        """Increase of fragmented milli-GPU per candidate (after - before); 0 without a workload."""
-        arr = self._cache.get("frag_delta")
+    def frag_delta(self, capacity: bool = False) -> np.ndarray:
+        """Increase of fragmented milli-GPU per candidate (after - before); 0 without a workload.
+
+        ``capacity`` selects the CPU-aware (repeated-pod) fragmentation model instead of FGD's."""
+        name = "frag_delta_cap" if capacity else "frag_delta"
+        model = self.frag_capacity if capacity else self.frag
+        arr = self._cache.get(name)
         if arr is None:
-            if self.frag is None:
+            if model is None:
                 arr = np.zeros(len(self.cand))
             else:
                 c, cand = self.cluster, self.cand
                 nodes, inverse = np.unique(cand.node, return_inverse=True)
-                before = self.frag.frag(c.milli_free[nodes], c.cpu_free[nodes], c.node_model[nodes])
-                after = self.frag.frag(cand.free_after, cand.cpu_after, c.node_model[cand.node])
+                before = model.frag(c.milli_free[nodes], c.cpu_free[nodes], c.node_model[nodes])
+                after = model.frag(cand.free_after, cand.cpu_after, c.node_model[cand.node])
                 arr = after - before[inverse]
-            self._cache["frag_delta"] = arr
+            self._cache[name] = arr
         return arr
 
     def max_cpu(self) -> float:

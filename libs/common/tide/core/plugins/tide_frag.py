@@ -1,15 +1,16 @@
-"""Tide's fragmentation score: FGD without its score quantisation, with packing tie-breaks.
+"""Tide's fragmentation score: FGD refined.
 
-- the fragmentation increase is used at full resolution (the reference FGD truncates a sigmoid of it
-  to an integer 0..100, so placements whose frag deltas differ by tens of milli-GPU tie and are then
-  picked at random, spreading work);
-- among equal-fragmentation placements, prefer the tighter fit (less CPU and GPU left), which keeps
-  whole idle nodes available for the large multi-GPU pods.
+- the fragmentation increase is used at full resolution (the reference FGD truncates a sigmoid of
+  it to an integer 0..100, so placements whose deltas differ by tens of milli-GPU tie);
+- ``capacity_weight`` blends in CPU-aware fragmentation (``CapacityFragModel``): GPUs a node can no
+  longer use because repeated pods of a typical shape run out of CPU or per-GPU room first;
+- ``fit_weight`` adds a small best-fit term.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
 from tide.core.plugins.base import Context
 from tide.core.plugins.bestfit import bestfit_raw
 
@@ -17,9 +18,22 @@ from tide.core.plugins.bestfit import bestfit_raw
 class TideFragScore:
     name = "tide_frag"
 
-    def __init__(self, fit_weight: float = 0.01):
+    def __init__(
+        self, fgd_weight: float = 1.0, capacity_weight: float = 1.0, fit_weight: float = 0.0, quantum: float = 0.0
+    ):
+        self.fgd_weight = fgd_weight
+        self.capacity_weight = capacity_weight
         self.fit_weight = fit_weight
+        self.quantum = quantum
 
     def score(self, ctx: Context) -> np.ndarray:
-        delta = ctx.frag_delta()  # milli-GPU
-        return -delta / 10.0 + self.fit_weight * bestfit_raw(ctx)
+        out = np.zeros(len(ctx.cand))
+        if self.fgd_weight:
+            out -= self.fgd_weight * ctx.frag_delta() / 10.0
+        if self.capacity_weight:
+            out -= self.capacity_weight * ctx.frag_delta(capacity=True) / 10.0
+        if self.quantum:
+            out = np.round(out * 10.0 / self.quantum)
+        if self.fit_weight:
+            out += self.fit_weight * bestfit_raw(ctx)
+        return out

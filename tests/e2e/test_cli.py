@@ -1,0 +1,76 @@
+"""The `tide` command line contract: exit codes, --json fields, up --detach / down."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.helpers import job, py
+from tide.stack.launcher import Stack
+
+TIDE = str(Path(sys.executable).parent / "tide")
+
+
+def tide(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDE_")}
+    return subprocess.run([TIDE, "--home", str(home), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def test_submit_wait_json_and_status(stack: Stack, tmp_path: Path) -> None:
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(job("cli-job", py("print('hello')"), replicas=2, gpu=1)))
+    done = tide(stack.home, "submit", str(spec_file), "--wait", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["state"] == "succeeded"
+    status = tide(stack.home, "status", result["job_id"], "--json")
+    assert status.returncode == 0
+    body = json.loads(status.stdout)
+    assert {"job_id", "state", "reason", "pods"} <= body.keys()
+    assert [set(p) >= {"name", "state", "node", "gpus"} for p in body["pods"]] == [True, True]
+    assert all(p["state"] == "succeeded" and len(p["gpus"]) == 1 for p in body["pods"])
+
+
+def test_submit_rejected_exits_2_with_reason(stack: Stack, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(job("bad", ["true"], gpu=-2)))
+    out = tide(stack.home, "submit", str(bad))
+    assert out.returncode == 2
+    assert "spec.template.resources.gpu" in out.stderr and "greater than or equal to 0" in out.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"metadata": ')
+    out = tide(stack.home, "submit", str(broken))
+    assert out.returncode == 2 and "malformed JSON" in out.stderr
+
+
+def test_failed_job_exits_1_and_cancel_and_nodes(stack: Stack, tmp_path: Path) -> None:
+    failing = tmp_path / "fail.yaml"
+    failing.write_text(yaml.safe_dump(job("cli-fail", py("raise SystemExit(5)"), gpu=1)))
+    out = tide(stack.home, "submit", str(failing), "--wait")
+    assert out.returncode == 1 and "exited with code 5" in out.stdout
+    nodes = json.loads(tide(stack.home, "nodes", "--json").stdout)
+    assert sorted(n["node_id"] for n in nodes) == ["node-0", "node-1"]
+    assert tide(stack.home, "status", "no-such-job").returncode == 1
+    assert tide(stack.home, "cancel", "no-such-job").returncode == 1
+
+
+def test_up_detach_and_down(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    up = tide(home, "up", "--nodes", "1", "--detach")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "NATS (JetStream)  nats://127.0.0.1:" in up.stdout
+        nodes = json.loads(tide(home, "nodes", "--json").stdout)
+        assert [n["gpus"] for n in nodes] == [8]
+        again = tide(home, "up", "--nodes", "1", "--detach")
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        down = tide(home, "down")
+    assert down.returncode == 0
+    assert not (home / "stack.json").exists()
