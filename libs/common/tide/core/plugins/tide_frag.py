@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tide.core.model import MILLI
 from tide.core.plugins.base import Context
 from tide.core.plugins.bestfit import bestfit_raw
 
@@ -19,12 +20,14 @@ class TideFragScore:
     name = "tide_frag"
 
     def __init__(
-        self, fgd_weight: float = 1.0, capacity_weight: float = 1.0, fit_weight: float = 0.0, quantum: float = 0.0
+        self, fgd_weight: float = 1.0, capacity_weight: float = 1.0, fit_weight: float = 0.0, quantum: float = 0.0,
+        open_penalty: float = 0.0,
     ):
         self.fgd_weight = fgd_weight
         self.capacity_weight = capacity_weight
         self.fit_weight = fit_weight
         self.quantum = quantum
+        self.open_penalty = open_penalty
 
     def score(self, ctx: Context) -> np.ndarray:
         out = np.zeros(len(ctx.cand))
@@ -32,6 +35,10 @@ class TideFragScore:
             out -= self.fgd_weight * ctx.frag_delta() / 10.0
         if self.capacity_weight:
             out -= self.capacity_weight * ctx.frag_delta(capacity=True) / 10.0
+        if self.open_penalty:
+            exists = ctx.cluster.gpu_exists[ctx.cand.node]
+            idle_node = ((ctx.free_before == MILLI) | ~exists).all(axis=1) & exists.any(axis=1)
+            out -= self.open_penalty / 10.0 * idle_node
         if self.quantum:
             out = np.round(out * 10.0 / self.quantum)
         if self.fit_weight:
