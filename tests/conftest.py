@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-
 from tide.client import TideClient
 from tide.schemas.node import NodeDescription, default_h100_node
 from tide.stack.launcher import Stack
 from tide.stack.servers import free_port, redis_server_binary, wait_tcp
-
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from tests.helpers import job, py
 from tide import subjects
 from tide.client import TideClient
 from tide.schemas.events import JobRejected
+
+from tests.helpers import job, py
 
 
 def payload(spec: object, job_id: str, **extra: object) -> bytes:
@@ -74,9 +74,10 @@ async def test_malformed_json_unknown_version_and_oversized_payloads(client: Tid
 
 
 UNSCHEDULABLE = [
-    ("no-such-pool", {"nodeSelector": {"pool": "inference"}}, {"gpu": 1}, "no node matches nodeSelector pool=inference"),
-    ("too-many-gpus", {}, {"gpu": 12}, "needs 12 GPUs on one node; the largest matching node has 8"),
-    ("gang-too-large", {"replicas": 3}, {"gpu": 8}, "gang of 3 pods x 8 GPUs"),
+    ("no-such-pool", {"nodeSelector": {"pool": "inference"}}, {"gpu": 1}, "no node matches selector pool=inference"),
+    ("too-many-gpus", {}, {"gpu": 12}, "12 GPUs requested; the largest node has 8"),
+    ("gang-too-large", {"replicas": 3}, {"gpu": 8}, "gang of 3 pods x 8 GPUs: the whole cluster holds only 2"),
+    ("no-such-model", {}, {"gpu": 1, "gpuModel": ["B200"]}, "has GPUs of model B200"),
 ]
 
 

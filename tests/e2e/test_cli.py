@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import yaml
+from tide.stack.launcher import Stack
 
 from tests.helpers import job, py
-from tide.stack.launcher import Stack
 
 TIDE = str(Path(sys.executable).parent / "tide")
 

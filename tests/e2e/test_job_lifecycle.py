@@ -7,11 +7,12 @@ import json
 import os
 from pathlib import Path
 
-from tests.helpers import job, py
 from tide import subjects
 from tide.client import TideClient
 from tide.schemas.events import JobEvent
 from tide.stack.launcher import Stack
+
+from tests.helpers import job, py
 
 ENV_DUMP = (
     "import os, json; print(json.dumps({k: v for k, v in os.environ.items() "

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import signal
 
-from tests.helpers import job, py
 from tide import subjects
 from tide.client import TideClient
 from tide.stack.launcher import Stack
+
+from tests.helpers import job, py
 
 
 async def test_placer_restart_while_jobs_are_queued_loses_none(stack: Stack, client: TideClient) -> None:

@@ -8,7 +8,6 @@ import nats
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
-
 from tide import subjects
 from tide.schemas.events import PodExited
 from tide.stack.auth import node_user

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from redis.asyncio import Redis
-
-from tests.helpers import small_node
 from tide.store import keys
 from tide.store.claims import ClaimItem, ClaimStore, PodClaim
+
+from tests.helpers import small_node
 
 
 def claim(job: str, pod: str, *items: tuple[str, str, int]) -> PodClaim:

@@ -30,6 +30,7 @@ class Settings(BaseSettings):
 
     # placer
     placer_tick_s: float = 1.0
+    placer_policy: str = Field(default="default", description="placement policy (tide.core.POLICIES)")
     start_ack_timeout_s: float = 5.0
 
     # metrics

@@ -12,7 +12,6 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import start_http_server
-
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.schemas.events import GpuSample, JobEvent, Telemetry

@@ -1,4 +1,5 @@
 from tide.runtime import run_service
+
 from tide_node_agent.service import NodeAgent
 
 

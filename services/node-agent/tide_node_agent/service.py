@@ -6,7 +6,6 @@ import asyncio
 
 import structlog
 from nats.aio.msg import Msg
-
 from tide import subjects
 from tide.bus.nats import close_nats, connect, publish
 from tide.runtime import every
@@ -24,6 +23,7 @@ from tide.schemas.events import (
 )
 from tide.schemas.node import NodeDescription, default_h100_node, load_node_file
 from tide.settings import Settings
+
 from tide_node_agent.gpu import BackendUnavailable, GpuBackend
 from tide_node_agent.gpu.simulated import SimulatedBackend
 from tide_node_agent.runtime import PodProcess, launch

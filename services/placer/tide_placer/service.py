@@ -9,9 +9,9 @@ import time
 import nats
 import structlog
 from nats.aio.msg import Msg
-
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
+from tide.core import DEFAULT_POLICY, Allocation, Cluster, OversubscriptionError, Placer, Unfit
 from tide.events import publish_job_event
 from tide.schemas.events import (
     NODE_STATUS,
@@ -30,13 +30,15 @@ from tide.schemas.events import (
     StopPod,
     Telemetry,
 )
+from tide.schemas.node import NodeDescription
 from tide.settings import Settings
 from tide.store import keys
 from tide.store.claims import ClaimItem, ClaimStore, PodClaim
 from tide.store.jobs import JobStore
 from tide.store.redis import connect_redis
+
 from tide_placer.outcome import mark_pod_exited, mark_pod_started
-from tide_placer.placement import PodPlacement, Unfit, build_view, place_job
+from tide_placer.placement import PodPlacement, claim_items, place_job, pod_request
 
 log = structlog.get_logger()
 
@@ -46,6 +48,8 @@ class PlacerService:
         self.settings = settings
         self.last_seen: dict[str, float] = {}
         self._kick = asyncio.Event()
+        policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
+        self.placer = Placer(policy=policy)
         self._cycle_lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -102,14 +106,24 @@ class PlacerService:
             await self._process_stop_requests()
             await self._place_pending()
 
+    async def load_cluster(self) -> tuple[list[NodeDescription], Cluster]:
+        """The cluster as Redis holds it: registered nodes minus every claim."""
+        nodes = await self.claims.nodes()
+        cluster = Cluster.from_descriptions(nodes)
+        for key, alloc in (await self.claims.all_claims()).items():
+            try:
+                cluster.allocate(Allocation.from_dict(alloc))
+            except (OversubscriptionError, KeyError) as exc:
+                log.warning("claim_replay_failed", claim=key, error=str(exc))
+        return nodes, cluster
+
     async def _place_pending(self) -> None:
         pending = await self.jobs.pending()
         if not pending:
             return
-        nodes = await self.claims.nodes()
+        nodes, cluster = await self.load_cluster()
         if not nodes:
             return
-        view = build_view(nodes, {n.node_id: await self.claims.used(n.node_id) for n in nodes})
         for job_id in pending:
             record = await self.jobs.get(job_id)
             if record is None or record.state in TERMINAL_STATES or record.cancel_requested:
@@ -118,12 +132,16 @@ class PlacerService:
             if record.state not in (JobState.PENDING, JobState.UNSCHEDULABLE):
                 await self.jobs.dequeue(job_id)
                 continue
-            result = place_job(view, record.spec)
+            result = place_job(self.placer, cluster, record.spec, nodes)
             if isinstance(result, Unfit):
                 await self._not_placed(record, result)
                 continue
-            if await self._bind(record, result):
-                view = build_view(nodes, {n.node_id: await self.claims.used(n.node_id) for n in nodes})
+            if await self._bind(record, result, nodes):
+                for p in result:
+                    self.placer.observe(pod_request(record.spec))
+                    cluster.allocate(p.alloc)
+            else:
+                nodes, cluster = await self.load_cluster()
 
     async def _not_placed(self, record: JobRecord, unfit: Unfit) -> None:
         state = JobState.PENDING if unfit.resolvable else JobState.UNSCHEDULABLE
@@ -141,15 +159,21 @@ class PlacerService:
             log.info("job_unschedulable", job_id=record.job_id, reason=unfit.reason)
             await publish_job_event(self.js, updated, "unschedulable")
 
-    async def _bind(self, record: JobRecord, placements: list[PodPlacement]) -> bool:
-        """Claim every pod's slots atomically, then start each pod on its node."""
+    async def _bind(self, record: JobRecord, placements: list[PodPlacement], nodes: list[NodeDescription]) -> bool:
+        """Claim every pod's slots atomically, then start each pod on its node.
+
+        Returns True when the claims were taken (the cluster view must then include them).
+        """
         job_id = record.job_id
+        by_id = {n.node_id: n for n in nodes}
+        assignments = {p.pod_index: gpu_assignments(by_id[p.alloc.node_id], p.alloc) for p in placements}
         claims = [
             PodClaim(
                 job_id=job_id,
                 pod=record.pods[p.pod_index].name,
-                items=tuple(ClaimItem(n, f, a) for n, f, a in p.claim_items()),
-                alloc={"node": p.node_id, "gpus": [g.__dict__ for g in p.gpus]},
+                items=tuple(ClaimItem(n, f, a) for n, f, a in claim_items(
+                    p.alloc, {g.index: g.model for g in by_id[p.alloc.node_id].gpus})),
+                alloc=p.alloc.to_dict(),
             )
             for p in placements
         ]
@@ -165,7 +189,8 @@ class PlacerService:
             r.state, r.reason, r.attempts = JobState.PENDING, "starting", attempt
             for p in placements:
                 pod = r.pods[p.pod_index]
-                pod.node, pod.gpus, pod.state = p.node_id, [g.uuid for g in p.gpus], PodState.STARTING
+                pod.node, pod.state = p.alloc.node_id, PodState.STARTING
+                pod.gpus = [g.uuid for g in assignments[p.pod_index]]
                 pod.exit_code = pod.reason = None
             return True
 
@@ -174,7 +199,7 @@ class PlacerService:
             await self.claims.release([c.key for c in claims])
             return False
         await self.jobs.dequeue(job_id)
-        log.info("job_placed", job_id=job_id, nodes=sorted({p.node_id for p in placements}))
+        log.info("job_placed", job_id=job_id, nodes=sorted({p.alloc.node_id for p in placements}))
         await publish_job_event(
             self.js, updated, "placed", wait_s=time.time() - updated.submitted_at, reason="placed"
         )
@@ -183,7 +208,7 @@ class PlacerService:
         results = await asyncio.gather(
             *[
                 self._send(
-                    p.node_id,
+                    p.alloc.node_id,
                     StartPod(
                         event_id=f"{job_id}.{updated.pods[p.pod_index].name}.start.{attempt}",
                         job_id=job_id,
@@ -192,18 +217,17 @@ class PlacerService:
                         world_size=len(placements),
                         command=tmpl.command,
                         env=tmpl.env,
-                        gpus=[GpuAssignment(index=g.index, uuid=g.uuid, milli=g.milli, memory_mib=g.memory_mib)
-                              for g in p.gpus],
+                        gpus=assignments[p.pod_index],
                         share_sm_percent=share.sm_percent if share else None,
                         share_memory_mib=share.memory_mib if share else None,
-                        cpu_milli=p.cpu_milli,
-                        memory_mib=p.memory_mib,
+                        cpu_milli=p.alloc.cpu_milli,
+                        memory_mib=p.alloc.memory_mib,
                     ),
                 )
                 for p in placements
             ]
         )
-        failures = [f"{p.node_id}: {err}" for p, err in zip(placements, results, strict=True) if err]
+        failures = [f"{p.alloc.node_id}: {err}" for p, err in zip(placements, results, strict=True) if err]
         if failures:
             await self._rollback(job_id, "; ".join(failures))
         return True
@@ -302,7 +326,7 @@ class PlacerService:
         # Pods we placed on this node that the (restarted) agent no longer runs are lost.
         running = set(reg.running_pods)
         for claim_key, alloc in (await self.claims.all_claims()).items():
-            if alloc.get("node") != node.node_id:
+            if alloc.get("node_id") != node.node_id:
                 continue
             _, _, job_id, pod = claim_key.split(":", 3)
             record = await self.jobs.get(job_id)
@@ -370,3 +394,23 @@ class PlacerService:
                 "last_seen_s": round(now - self.last_seen[n.node_id], 1) if n.node_id in self.last_seen else None,
             })
         await msg.respond(json.dumps({"nodes": out}).encode())
+
+
+def gpu_assignments(node: NodeDescription, alloc: Allocation) -> list[GpuAssignment]:
+    """What the node agent is told to expose: GPU UUIDs (or the MIG instance) with their limits."""
+    uuids = {g.index: g.uuid or f"GPU-{node.node_id}-{g.index}" for g in node.gpus}
+    out = [
+        GpuAssignment(index=i, uuid=uuids[i], milli=m, memory_mib=mem)
+        for i, m, mem in zip(alloc.gpu_indices, alloc.gpu_milli, alloc.gpu_mem_mib, strict=True)
+    ]
+    if alloc.mig is not None:
+        mig = alloc.mig
+        out.append(GpuAssignment(
+            index=mig.gpu_index,
+            uuid=f"MIG-{uuids[mig.gpu_index]}/{mig.profile}/{mig.start}",
+            milli=0,
+            mig_profile=mig.profile,
+            mig_start=mig.start,
+            mig_create=mig.repartition,
+        ))
+    return out

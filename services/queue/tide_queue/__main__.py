@@ -1,4 +1,5 @@
 from tide.runtime import run_service
+
 from tide_queue.service import QueueService
 
 

@@ -8,7 +8,6 @@ import time
 
 import structlog
 from nats.aio.msg import Msg
-
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
 from tide.events import publish_job_event
@@ -26,6 +25,7 @@ from tide.settings import Settings
 from tide.store import keys
 from tide.store.jobs import JobStore
 from tide.store.redis import connect_redis
+
 from tide_queue.ordering import pending_score
 from tide_queue.validation import parse_submission
 

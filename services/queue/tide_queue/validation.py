@@ -6,7 +6,6 @@ import json
 import re
 
 from pydantic import ValidationError
-
 from tide.schemas.events import SCHEMA_VERSION, JobRejected, SubmitJob
 
 _SAFE_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")

@@ -171,6 +171,9 @@ class GpuAssignment(BaseModel):
     uuid: str
     milli: int = 1000
     memory_mib: int | None = None
+    mig_profile: str | None = None
+    mig_start: int | None = None
+    mig_create: bool = Field(default=False, description="the MIG instance must be created first")
 
 
 class StartPod(Message):

@@ -14,6 +14,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from tide.core.mig import MIG_MEMORY_SLOTS
 from tide.schemas.node import NodeDescription
 from tide.store import keys
 
@@ -27,6 +28,9 @@ def capacity_fields(node: NodeDescription) -> dict[str, int]:
     for gpu in node.gpus:
         fields[f"g{gpu.index}.milli"] = 1000
         fields[f"g{gpu.index}.mem"] = gpu.memory_mib
+        if gpu.mig_capable:
+            for slot in range(MIG_MEMORY_SLOTS):
+                fields[f"g{gpu.index}.slot{slot}"] = 1
     return fields
 
 
@@ -99,9 +103,8 @@ class ClaimStore:
     async def all_claims(self) -> dict[str, dict[str, Any]]:
         """claim key -> allocation, for every claim held."""
         claim_keys = sorted(await self.redis.smembers(keys.CLAIMS_INDEX))
-        out: dict[str, dict[str, Any]] = {}
-        for key in claim_keys:
-            raw = await self.redis.hget(key, "alloc")
-            if raw:
-                out[key] = json.loads(raw)
-        return out
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in claim_keys:
+                pipe.hget(key, "alloc")
+            raws = await pipe.execute()
+        return {key: json.loads(raw) for key, raw in zip(claim_keys, raws, strict=True) if raw}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tide.schemas.events import GpuSample
 from tide.schemas.node import GpuDescription, NodeDescription
+
 from tide_node_agent.gpu import BackendUnavailable
 
 
