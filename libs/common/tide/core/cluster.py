@@ -91,6 +91,7 @@ class Cluster:
                         inst[(mi.profile, mi.start)] = False
                     c.mig_instances[(i, j)] = inst
         c.models = list(model_ids)
+        c.mig_described = c.mig_enabled.copy()  # GPUs the node reports in MIG mode stay in it
         c.node_model = np.where(c.ngpu > 0, c.gpu_model[:, 0], -1)
         c.milli_free = np.where(c.gpu_exists & ~c.mig_enabled, MILLI, 0).astype(np.int64)
         c.gpu_mem_free = np.where(c.mig_enabled, 0, c.gpu_mem_cap)
@@ -247,7 +248,8 @@ class Cluster:
         if mig.start not in prof.starts:
             raise OversubscriptionError(f"{nid}: {mig.profile} cannot start at slot {mig.start}")
         if not self.mig_enabled[i, j]:
-            if not mig.enables_mig or self.milli_free[i, j] != MILLI or self.gpu_mem_free[i, j] != self.gpu_mem_cap[i, j]:
+            idle = self.milli_free[i, j] == MILLI and self.gpu_mem_free[i, j] == self.gpu_mem_cap[i, j]
+            if not mig.enables_mig or not idle:
                 raise OversubscriptionError(f"{nid}: gpu {j} is busy; cannot switch it to MIG mode")
         elif mig.enables_mig:
             raise OversubscriptionError(f"{nid}: gpu {j} is already in MIG mode")
@@ -285,12 +287,12 @@ class Cluster:
                 inst[d] = False
         else:
             inst[(mig.profile, mig.start)] = False
-        if mig.enables_mig:
+        if not inst and not self.mig_described[i, j]:
+            # the last instance Tide created is gone: the GPU leaves MIG mode again
+            del self.mig_instances[(i, j)]
             self.mig_enabled[i, j] = False
             self.milli_free[i, j] = MILLI
             self.gpu_mem_free[i, j] = self.gpu_mem_cap[i, j]
-            if not inst:
-                del self.mig_instances[(i, j)]
 
     # ------------------------------------------------------------------ consistency
     def check_consistency(self) -> None:
@@ -317,5 +319,5 @@ class Cluster:
 
 _STATIC_ARRAYS = frozenset(
     {"cpu_cap", "mem_cap", "ngpu", "gpu_exists", "gpu_model", "gpu_mem_cap", "mig_capable", "pcie", "numa",
-     "nvlink", "node_model"}
+     "nvlink", "node_model", "mig_described"}
 )

@@ -127,7 +127,7 @@ class Placer:
             return None, None
         key = (id(wl), tuple(cluster.models))
         if self._frag_cache is None or self._frag_cache[:2] != key:
-            self._frag_cache = (*key, FragModel(wl, cluster.models), CapacityFragModel(wl.by_demand(), cluster.models))
+            self._frag_cache = (*key, FragModel(wl, cluster.models), CapacityFragModel(wl, cluster.models))
         return self._frag_cache[2], self._frag_cache[3]
 
     # ------------------------------------------------------------------ placement
@@ -203,7 +203,9 @@ def build_candidates(cluster: Cluster, req: PodRequest, mask: np.ndarray) -> tup
             ni, gi = ni[first], gi[first]
         free_after = cluster.milli_free[ni].copy()
         free_after[np.arange(len(ni)), gi] -= req.gpu_milli
-        why = "" if len(ni) else f"the others have no GPU{_models(req)} with {req.gpu_milli}m and {req.gpu_mem_mib} MiB free"
+        why = "" if len(ni) else (
+            f"the others have no GPU{_models(req)} with {req.gpu_milli}m and {req.gpu_mem_mib} MiB free"
+        )
         return _cands(cluster, req, ni, gi, free_after), why
     if kind == "mig":
         return _mig_candidates(cluster, req, mask)
@@ -233,7 +235,10 @@ def mig_options(cluster: Cluster, node: int, gpu: int, profile: str) -> list[tup
     prof = table[profile]
     inst = cluster.mig_instances.get((node, gpu), {})
     enabled = bool(cluster.mig_enabled[node, gpu])
-    if not enabled and (cluster.milli_free[node, gpu] != MILLI or cluster.gpu_mem_free[node, gpu] != cluster.gpu_mem_cap[node, gpu]):
+    untouched = (
+        cluster.milli_free[node, gpu] == MILLI and cluster.gpu_mem_free[node, gpu] == cluster.gpu_mem_cap[node, gpu]
+    )
+    if not enabled and not untouched:
         return []  # busy with whole/share work
     existing = [(s, True, ()) for (p, s), used in inst.items() if p == profile and not used]
     if existing:

@@ -64,19 +64,20 @@ def span(positions: Sequence[GpuPosition]) -> Level:
 def pick_gpus(candidates: Sequence[int], positions: Sequence[GpuPosition], n: int) -> tuple[int, ...]:
     """Choose ``n`` of ``candidates`` (GPU indices) as close together as possible.
 
-    At each level (NVLink domain, PCIe switch, NUMA node) take the smallest group that still holds
-    ``n`` GPUs (best fit keeps big groups whole for later large requests); else the lowest indices.
+    Walk down the tree (NVLink domain, NUMA node, PCIe switch): at each level keep the smallest group
+    that still holds ``n`` GPUs (best fit keeps big groups whole for later large requests), then take
+    the lowest indices of what is left.
     """
-    if n >= len(candidates):
-        return tuple(sorted(candidates))[:n]
-    for key in ("nvlink_domain", "pcie_switch", "numa_node"):
+    pool = sorted(candidates)
+    if n >= len(pool):
+        return tuple(pool[:n])
+    for key in ("nvlink_domain", "numa_node", "pcie_switch"):
         groups: dict[int, list[int]] = {}
-        for g in candidates:
+        for g in pool:
             value = getattr(positions[g], key)
             if value is not None:
                 groups.setdefault(value, []).append(g)
         fitting = [grp for grp in groups.values() if len(grp) >= n]
         if fitting:
-            best = min(fitting, key=lambda grp: (len(grp), grp[0]))
-            return tuple(sorted(best)[:n])
-    return tuple(sorted(candidates)[:n])
+            pool = min(fitting, key=lambda grp: (len(grp), grp[0]))
+    return tuple(pool[:n])

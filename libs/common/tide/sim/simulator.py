@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
 from tide.core.cluster import Cluster
 from tide.core.frag import FragModel, TypicalPods
 from tide.core.model import Allocation, PodRequest

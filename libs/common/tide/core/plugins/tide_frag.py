@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from tide.core.model import MILLI
 from tide.core.plugins.base import Context
 from tide.core.plugins.bestfit import bestfit_raw
@@ -20,7 +19,7 @@ class TideFragScore:
     name = "tide_frag"
 
     def __init__(
-        self, fgd_weight: float = 1.0, capacity_weight: float = 1.0, fit_weight: float = 0.0, quantum: float = 0.0,
+        self, fgd_weight: float = 1.0, capacity_weight: float = 1.0, fit_weight: float = 0.0, quantum: float = 100.0,
         open_penalty: float = 0.0,
     ):
         self.fgd_weight = fgd_weight
