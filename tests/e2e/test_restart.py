@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 
@@ -44,3 +45,28 @@ async def test_placer_killed_with_running_job_finishes_it_after_restart(stack: S
     stack.restart("placer")  # the pod's exit waits in the NODE stream for the new placer
     assert (await client.wait("survivor", timeout_s=60))["state"] == "succeeded"
     assert sum(n["gpus_used_milli"] for n in await client.nodes()) == 0
+
+
+async def test_services_reconnect_after_nats_and_redis_restart(stack: Stack, client: TideClient) -> None:
+    assert (await client.submit(job("before", py("pass"), gpu=1), job_id="before")).accepted
+    assert (await client.wait("before", timeout_s=60))["state"] == "succeeded"
+    await client.close()
+    stack.kill("redis", signal.SIGTERM)  # appendonly: the data comes back with it
+    stack.restart("redis")
+    stack.kill("nats", signal.SIGTERM)  # JetStream keeps streams and durable consumers on disk
+    stack.restart("nats")
+    fresh = await TideClient.connect(stack.info.settings_for("admin"))
+    try:
+        for _ in range(100):  # the services and agents find their way back on their own
+            try:
+                if len(await fresh.nodes()) == 2:
+                    break
+            except Exception:
+                pass
+            await asyncio.sleep(0.2)
+        body = await fresh.status("before")
+        assert body["jobs"] and body["jobs"][0]["state"] == "succeeded", body
+        assert (await fresh.submit(job("after", py("pass"), gpu=1), job_id="after", timeout_s=30)).accepted
+        assert (await fresh.wait("after", timeout_s=60))["state"] == "succeeded"
+    finally:
+        await fresh.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
-from redis.retry import Retry
+from redis.asyncio.retry import Retry
 
 
 def connect_redis(url: str) -> Redis:
