@@ -156,3 +156,18 @@ async def test_job_waits_for_capacity_then_runs(client: TideClient) -> None:
     first_done = (await client.job("first"))["finished_at"]
     second_started = (await client.job("second"))["started_at"]
     assert second_started >= first_done
+
+
+async def test_a_jobs_path_is_traceable_by_its_id_in_every_services_json_logs(stack: Stack, client: TideClient) -> None:
+    await run_to_success(client, job("traced", py("pass"), gpu=1), "traced-job")
+    seen: dict[str, set[str]] = {}
+    for log_file in (Path(stack.home) / "logs").glob("*.log"):
+        for line in log_file.read_text().splitlines():
+            if not line.startswith("{"):
+                continue
+            entry = json.loads(line)
+            if entry.get("job_id") == "traced-job":
+                seen.setdefault(entry["service"], set()).add(entry["event"])
+    assert "job_queued" in seen["queue"]
+    assert {"job_placed", "job_running", "job_finished"} <= seen["placer"]
+    assert {"pod_started", "pod_exited"} <= seen["node-agent"]

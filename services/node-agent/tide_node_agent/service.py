@@ -6,6 +6,7 @@ import asyncio
 
 import structlog
 from nats.aio.msg import Msg
+from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, publish
 from tide.runtime import every
@@ -23,12 +24,14 @@ from tide.schemas.events import (
 )
 from tide.schemas.node import NodeDescription, default_h100_node, load_node_file
 from tide.settings import Settings
+from tide.tracing import job_span
 
 from tide_node_agent.gpu import BackendUnavailable, GpuBackend
 from tide_node_agent.gpu.simulated import SimulatedBackend
 from tide_node_agent.runtime import PodProcess, launch
 
 log = structlog.get_logger()
+tracer = trace.get_tracer("tide.node_agent")
 
 
 def make_backend(settings: Settings) -> GpuBackend:
@@ -105,10 +108,11 @@ class NodeAgent:
     async def _on_command(self, msg: Msg) -> None:
         try:
             command = NODE_COMMAND.validate_json(msg.data)
-            if isinstance(command, StartPod):
-                ack = await self._start(command)
-            else:
-                ack = await self._stop(command)
+            with job_span(tracer, f"agent.{command.kind}", command.job_id, node=self.node_id, pod=command.pod):
+                if isinstance(command, StartPod):
+                    ack = await self._start(command)
+                else:
+                    ack = await self._stop(command)
         except Exception as exc:
             self._log.exception("command_failed", error=repr(exc))
             ack = CommandAck(ok=False, error=repr(exc))

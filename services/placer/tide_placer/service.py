@@ -9,6 +9,7 @@ import time
 import nats
 import structlog
 from nats.aio.msg import Msg
+from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.core import DEFAULT_POLICY, Allocation, Cluster, OversubscriptionError, Placer, Unfit
@@ -36,11 +37,13 @@ from tide.store import keys
 from tide.store.claims import ClaimItem, ClaimStore, PodClaim
 from tide.store.jobs import JobStore
 from tide.store.redis import connect_redis
+from tide.tracing import job_span
 
 from tide_placer.outcome import mark_pod_exited, mark_pod_started
 from tide_placer.placement import PodPlacement, claim_items, place_job, pod_request
 
 log = structlog.get_logger()
+tracer = trace.get_tracer("tide.placer")
 
 
 class PlacerService:
@@ -136,7 +139,9 @@ class PlacerService:
             if isinstance(result, Unfit):
                 await self._not_placed(record, result)
                 continue
-            if await self._bind(record, result, nodes):
+            with job_span(tracer, "placer.bind", job_id, pods=len(result)):
+                bound = await self._bind(record, result, nodes)
+            if bound:
                 for p in result:
                     self.placer.observe(pod_request(record.spec))
                     cluster.allocate(p.alloc)

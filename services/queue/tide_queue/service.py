@@ -8,6 +8,7 @@ import time
 
 import structlog
 from nats.aio.msg import Msg
+from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
 from tide.events import publish_job_event
@@ -25,11 +26,13 @@ from tide.settings import Settings
 from tide.store import keys
 from tide.store.jobs import JobStore
 from tide.store.redis import connect_redis
+from tide.tracing import job_span
 
 from tide_queue.ordering import pending_score
 from tide_queue.validation import parse_submission
 
 log = structlog.get_logger()
+tracer = trace.get_tracer("tide.queue")
 REJECTION_TTL_S = 24 * 3600
 
 
@@ -64,10 +67,11 @@ class QueueService:
     async def _on_submit(self, msg: Msg) -> None:
         hint = (msg.headers or {}).get("Tide-Job-Id")
         parsed = parse_submission(msg.data, self.settings.max_payload_bytes, hint)
-        if isinstance(parsed, JobRejected):
-            await self._reject(parsed)
-            return
-        await self._accept(parsed)
+        with job_span(tracer, "queue.submit", parsed.job_id or hint):
+            if isinstance(parsed, JobRejected):
+                await self._reject(parsed)
+                return
+            await self._accept(parsed)
 
     async def _reject(self, rejection: JobRejected) -> None:
         log.info("job_rejected", job_id=rejection.job_id, field=rejection.field, reason=rejection.reason)

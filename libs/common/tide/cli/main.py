@@ -249,7 +249,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tide", description="Tide: a scheduler for AI containers on GPU clusters")
-    parser.add_argument("--home", type=Path, default=default_home(), help="stack state dir (default $TIDE_HOME or ~/.tide)")
+    parser.add_argument(
+        "--home", type=Path, default=default_home(), help="stack state dir (default $TIDE_HOME or ~/.tide)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run NATS, Redis, the services and simulated node agents")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
-from redis.asyncio.retry import Retry
 
 
 def connect_redis(url: str) -> Redis:
