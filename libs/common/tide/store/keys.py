@@ -9,6 +9,9 @@ PENDING = f"{PREFIX}:pending"  # zset job_id -> admission order score
 CANCELLING = f"{PREFIX}:cancelling"  # set of job ids whose pods must be stopped
 NODES = f"{PREFIX}:nodes"  # set of node ids
 CLAIMS_INDEX = f"{PREFIX}:claims"  # set of claim keys currently held
+RESERVATIONS = f"{PREFIX}:reservations"  # zset reservation id -> expiry (ms, Redis clock)
+RESERVATION_PREFIX = f"{PREFIX}:resv:"  # + id: hash claims (JSON list of claim keys), expires_ms
+EXPIRED_RESERVATIONS = f"{PREFIX}:resv-expired"  # list of lapsed reservation ids for the reconciler
 WEIGHTS = f"{PREFIX}:placer:weights"  # hash name -> float
 
 

@@ -1,9 +1,12 @@
 -- Claim every slot of a set of pods in one atomic step: all or nothing.
--- ARGV[1] = JSON {"index": <claims index key>, "ttl_ms": <0 = permanent>,
+-- ARGV[1] = JSON {"keys": {...}, "resv": <reservation id or "">, "ttl_ms": <ms, with resv>,
 --                 "claims": [{"key": <claim key>, "alloc": <json string>,
 --                             "items": [[cap_key, used_key, field, amount], ...]}]}
--- Returns {1, "ok"} or {0, reason}; on {0, ...} nothing was changed.
+-- With a reservation the claims lapse after ttl_ms unless commit.lua runs first.
+-- Returns {1, "ok"} or {0, reason}; on {0, ...} nothing was claimed.
 local req = cjson.decode(ARGV[1])
+local k = req.keys
+expire_lapsed(k)
 local need = {}
 local order = {}
 for _, c in ipairs(req.claims) do
@@ -36,8 +39,15 @@ for _, id in ipairs(order) do
     redis.call('HINCRBY', n.used, n.field, n.amount)
   end
 end
+local keys = {}
 for _, c in ipairs(req.claims) do
-  redis.call('HSET', c.key, 'items', cjson.encode(c.items), 'alloc', c.alloc)
-  redis.call('SADD', req.index, c.key)
+  redis.call('HSET', c.key, 'items', cjson.encode(c.items), 'alloc', c.alloc, 'resv', req.resv)
+  redis.call('SADD', k.index, c.key)
+  table.insert(keys, c.key)
+end
+if req.resv ~= '' then
+  local expires = now_ms() + tonumber(req.ttl_ms)
+  redis.call('HSET', k.resv_prefix .. req.resv, 'claims', cjson.encode(keys), 'expires_ms', expires)
+  redis.call('ZADD', k.reservations, expires, req.resv)
 end
 return {1, 'ok'}
