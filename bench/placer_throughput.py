@@ -1,0 +1,79 @@
+"""Placement decisions per second on synthetic clusters (one core); prints JSON and a summary line.
+
+    python bench/placer_throughput.py [--policy tide] [--sizes 1000,10000] [--decisions 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from tide.core import DEFAULT_POLICY, Allocation, Cluster, Placer, PodRequest, TypicalPods
+from tide.schemas.node import GpuDescription, NodeDescription
+
+MODELS = [("A100-80GB", 8, 81920, True), ("H100-80GB", 8, 81559, True), ("T4", 4, 15109, False),
+          ("V100M32", 8, 32510, False)]
+
+
+def synthetic_nodes(n: int, seed: int = 0) -> list[NodeDescription]:
+    rng = np.random.default_rng(seed)
+    nodes = []
+    for i in range(n):
+        model, count, mem, mig = MODELS[int(rng.integers(len(MODELS)))]
+        gpus = [GpuDescription(index=g, model=model, memory_mib=mem, mig_capable=mig, pcie_switch=g // 2,
+                               numa_node=g // (count // 2), nvlink_domain=0 if count == 8 else None)
+                for g in range(count)]
+        nodes.append(NodeDescription(node_id=f"n{i:05d}", cpu_milli=128000, memory_mib=1 << 20,
+                                     rack=f"rack-{i // 16}", spine=f"spine-{i // 256}",
+                                     labels={"pool": "training" if i % 4 else "inference"}, gpus=gpus))
+    return nodes
+
+
+def requests(k: int, seed: int = 1) -> list[PodRequest]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(k):
+        if rng.random() < 0.5:
+            out.append(PodRequest(cpu_milli=int(rng.integers(1, 16)) * 1000, memory_mib=16384, gpu_count=1))
+        else:
+            out.append(PodRequest(cpu_milli=int(rng.integers(1, 8)) * 1000, memory_mib=8192,
+                                  gpu_milli=int(rng.choice([100, 250, 300, 500, 700])),
+                                  gpu_mem_mib=int(rng.choice([0, 4096, 8192]))))
+    return out
+
+
+def bench(n_nodes: int, decisions: int, policy: str) -> dict:
+    cluster = Cluster.from_descriptions(synthetic_nodes(n_nodes))
+    reqs = requests(decisions)
+    placer = Placer(policy, workload=TypicalPods.from_requests(reqs))
+    placed = 0
+    t0 = time.perf_counter()
+    for r in reqs:
+        res = placer.place(cluster, r)
+        if isinstance(res, Allocation):
+            cluster.allocate(res)
+            placed += 1
+    dt = time.perf_counter() - t0
+    return {"nodes": n_nodes, "gpus": int(cluster.gpu_exists.sum()), "policy": policy, "decisions": decisions,
+            "placed": placed, "seconds": round(dt, 3), "decisions_per_s": round(decisions / dt, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--policy", default=DEFAULT_POLICY)
+    ap.add_argument("--sizes", default="1000,10000")
+    ap.add_argument("--decisions", type=int, default=2000)
+    args = ap.parse_args()
+    rows = [bench(int(n), args.decisions, args.policy) for n in args.sizes.split(",")]
+    print(json.dumps(rows))
+    print("placer_throughput " + ", ".join(f"{r['nodes']} nodes: {r['decisions_per_s']:.0f}/s" for r in rows)
+          + f" (policy {args.policy}, single-GPU + shared pods)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
