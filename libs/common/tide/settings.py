@@ -27,11 +27,26 @@ class Settings(BaseSettings):
     nvml_backend: str = Field(default="simulated", description="simulated or nvml")
     heartbeat_s: float = 2.0
     work_dir: Path = Path("/tmp/tide-agent")
+    telemetry_s: float = Field(default=5.0, description="GPU samples ride on the heartbeat this often")
+    inventory_s: float = Field(default=30.0, description="re-discover the node this often; re-register on change")
+    node_labels: str = Field(default="", description="extra node labels: 'k=v,k2=v2' or a JSON object")
+    runtime: str = Field(default="subprocess", description="subprocess, docker, podman or nerdctl")
+    runtime_command: str | None = Field(default=None, description="container CLI path (default: the runtime name)")
+    runtime_image: str | None = Field(default=None, description="default image (a pod's env TIDE_IMAGE wins)")
+    cpu_pinning: bool = Field(default=True, description="pin pods to the CPUs of their GPUs' NUMA node")
+    mps_dir: Path | None = Field(default=None, description="MPS pipe/log dirs (default <work_dir>/<node>/mps)")
+    mig_auto_enable: bool = Field(default=True, description="may switch an idle GPU to MIG mode (if no reset)")
 
     # placer
     placer_tick_s: float = 1.0
+    node_lost_after_s: float = Field(default=15.0, description="no heartbeat for this long: the node is lost")
     placer_policy: str = Field(default="default", description="placement policy (tide.core.POLICIES)")
     start_ack_timeout_s: float = 5.0
+    reservation_ttl_s: float = Field(default=30.0, description="a gang's claims lapse unless committed by then")
+    requeue_backoff_s: float = Field(default=0.5, description="first requeue delay; doubles per failed attempt")
+    fault_pause_after_reserve_s: float = Field(
+        default=0.0, description="fault injection for tests: stall between reserve and start"
+    )
 
     # metrics
     metrics_host: str = "127.0.0.1"

@@ -1,33 +1,53 @@
-"""Running pods as real subprocesses: environment, process group, logs, stop with grace, exit reason."""
+"""Running pods: environment, subprocess or container runtime, MPS, CPU pinning, logs, stop, exit reason.
+
+A pod is always a local process in its own session (process group): the command itself
+(``SubprocessRuntime``) or the container CLI's ``run`` client (``ContainerRuntime``: docker, podman,
+nerdctl with ``--gpus device=<uuids>``). Its stdout and stderr go to ``<work_dir>/<job>/<pod>.log``.
+Stopping sends SIGTERM to the whole group, waits the grace period, then SIGKILLs the group (and
+removes the container, which a killed client would leave behind).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import re
+import shutil
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
 from tide.schemas.events import ExitReason, StartPod
+
+log = structlog.get_logger()
 
 OOM_PATTERNS = re.compile(
     rb"CUDA out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|OutOfMemoryError|out of memory",
     re.IGNORECASE,
 )
+AT_LIMIT_RATIO = 0.95
+"""A pod whose GPU memory reached this share of its limit and then failed is reported as OOM."""
 
 
-def pod_environment(cmd: StartPod, base: dict[str, str]) -> dict[str, str]:
-    """The pod's environment: GPUs by UUID, MPS limits for shares, gang coordinates."""
+def pod_environment(cmd: StartPod, base: dict[str, str], gpu_uuids: list[str] | None = None,
+                    mps_dirs: tuple[Path, Path] | None = None) -> dict[str, str]:
+    """The pod's environment: GPUs (or MIG instances) by UUID, MPS limits for shares, gang coordinates.
+
+    ``gpu_uuids`` overrides the assignment's UUIDs (the agent resolves MIG instances to their real UUIDs).
+    """
     env = dict(base)
     env.update(cmd.env)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in cmd.gpus) if cmd.gpus else ""
+    uuids = gpu_uuids if gpu_uuids is not None else [g.uuid for g in cmd.gpus]
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
     env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"] or "none"
     if cmd.share_sm_percent is not None:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cmd.share_sm_percent)
     if cmd.share_memory_mib is not None:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={cmd.share_memory_mib}M"
+    if mps_dirs is not None and (cmd.share_sm_percent is not None or cmd.share_memory_mib is not None):
+        env["CUDA_MPS_PIPE_DIRECTORY"], env["CUDA_MPS_LOG_DIRECTORY"] = str(mps_dirs[0]), str(mps_dirs[1])
     env["TIDE_JOB_ID"] = cmd.job_id
     env["TIDE_POD_NAME"] = cmd.pod
     env["TIDE_POD_INDEX"] = str(cmd.pod_index)
@@ -35,18 +55,158 @@ def pod_environment(cmd: StartPod, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def exit_reason(returncode: int, stopped: bool, log_tail: bytes) -> tuple[ExitReason, int | None]:
-    """Classify an exit: (reason, signal number or None)."""
+def exit_reason(
+    returncode: int, stopped: bool, log_tail: bytes, at_limit: bool = False
+) -> tuple[ExitReason, int | None]:
+    """Classify an exit: (reason, signal number or None).
+
+    OOM: the pod failed and either printed a CUDA out-of-memory message or its GPU memory had reached
+    its limit (``at_limit``, from NVML or the simulator).
+    """
     sig = -returncode if returncode < 0 else None
     if stopped:
         return ExitReason.STOPPED, sig
     if returncode == 0:
         return ExitReason.COMPLETED, None
-    if OOM_PATTERNS.search(log_tail):
+    if at_limit or OOM_PATTERNS.search(log_tail):
         return ExitReason.OOM, sig
     return ExitReason.ERROR, sig
 
 
+# ---------------------------------------------------------------- runtimes
+@dataclass
+class LaunchSpec:
+    argv: list[str]
+    env: dict[str, str]
+    cpus: list[int] | None = None
+    """CPUs to pin the process to (set in the child before exec)."""
+    cleanup_argv: list[str] | None = None
+    """run after a SIGKILL (e.g. remove the container the killed client leaves behind)."""
+    name: str | None = None
+
+
+class SubprocessRuntime:
+    name = "subprocess"
+
+    def prepare(self, cmd: StartPod, env: dict[str, str], cpus: list[int] | None) -> LaunchSpec:
+        return LaunchSpec(argv=list(cmd.command), env=env, cpus=cpus)
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    """[0,1,2,5] -> '0-2,5' (the --cpuset-cpus syntax)."""
+    runs: list[list[int]] = []
+    for c in sorted(set(cpus)):
+        if runs and runs[-1][1] == c - 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+class ContainerRuntime:
+    """docker / podman / nerdctl ``run``: the GPUs by UUID through ``--gpus device=...``."""
+
+    KINDS = ("docker", "podman", "nerdctl")
+
+    def __init__(self, kind: str, command: str | None = None, image: str | None = None) -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown runtime {kind!r}: subprocess, docker, podman or nerdctl")
+        self.name = kind
+        self.command = command or kind
+        self.image = image
+
+    def container_name(self, cmd: StartPod) -> str:
+        return f"tide-{cmd.job_id}-{cmd.pod}"[:128]
+
+    def prepare(self, cmd: StartPod, env: dict[str, str], cpus: list[int] | None) -> LaunchSpec:
+        image = cmd.env.get("TIDE_IMAGE") or self.image
+        if not image:
+            raise ValueError("no container image: set TIDE_IMAGE in the job's env or TIDE_RUNTIME_IMAGE on the agent")
+        name = self.container_name(cmd)
+        argv = [self.command, "run", "--rm", "--init", "--name", name,
+                "--label", f"tide.job={cmd.job_id}", "--label", f"tide.pod={cmd.pod}"]
+        uuids = env.get("CUDA_VISIBLE_DEVICES", "")
+        if uuids:
+            # docker parses --gpus as CSV: several devices need the value quoted as one field
+            argv += ["--gpus", f'"device={uuids}"' if "," in uuids else f"device={uuids}"]
+        if cpus:
+            argv += ["--cpuset-cpus", _cpu_list(cpus)]
+        if cmd.memory_mib:
+            argv += ["--memory", f"{cmd.memory_mib}m"]
+        pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
+        if pipe:  # MPS clients talk to the host's daemon through its pipe directory and need the host IPC
+            argv += ["--ipc", "host", "-v", f"{pipe}:{pipe}"]
+        host = os.environ
+        for key in sorted(env):
+            if host.get(key) != env[key] or key.startswith(("CUDA_", "TIDE_", "NVIDIA_")) or key in cmd.env:
+                argv += ["-e", f"{key}={env[key]}"]
+        argv += [image, *cmd.command]
+        return LaunchSpec(argv=argv, env=dict(host), cpus=None, name=name,
+                          cleanup_argv=[self.command, "rm", "-f", name])
+
+
+def make_runtime(kind: str, command: str | None = None, image: str | None = None):
+    if kind == "subprocess":
+        return SubprocessRuntime()
+    return ContainerRuntime(kind, command, image)
+
+
+# ---------------------------------------------------------------- MPS
+class MpsControl:
+    """Makes sure one MPS control daemon runs on the node when shares are used.
+
+    ``launch=False`` (simulated GPUs) records what it would run instead of running it.
+    """
+
+    def __init__(self, base_dir: Path, launch: bool, binary: str = "nvidia-cuda-mps-control") -> None:
+        self.pipe_dir = base_dir / "pipe"
+        self.log_dir = base_dir / "log"
+        self.launch = launch
+        self.binary = binary
+        self.started = False
+        self.planned: list[tuple[list[str], dict[str, str]]] = []
+
+    @property
+    def dirs(self) -> tuple[Path, Path]:
+        return self.pipe_dir, self.log_dir
+
+    def daemon_command(self) -> tuple[list[str], dict[str, str]]:
+        return [self.binary, "-d"], {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
+                                     "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
+
+    async def ensure(self) -> None:
+        if self.started:
+            return
+        self.pipe_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        argv, extra = self.daemon_command()
+        if not self.launch:
+            self.planned.append((argv, extra))
+            self.started = True
+            log.info("mps_daemon_simulated", argv=argv, **extra)
+            return
+        if (self.pipe_dir / "control").exists():
+            self.started = True
+            return
+        if shutil.which(self.binary) is None:
+            raise RuntimeError(f"GPU shares need MPS but {self.binary} is not installed")
+        proc = await asyncio.create_subprocess_exec(*argv, env={**os.environ, **extra})
+        if await proc.wait() != 0:
+            raise RuntimeError(f"{self.binary} -d failed with exit code {proc.returncode}")
+        self.started = True
+        log.info("mps_daemon_started", pipe_dir=str(self.pipe_dir))
+
+    async def stop(self) -> None:
+        if not (self.started and self.launch):
+            return
+        argv, extra = self.daemon_command()
+        proc = await asyncio.create_subprocess_exec(argv[0], stdin=asyncio.subprocess.PIPE,
+                                                    env={**os.environ, **extra})
+        await proc.communicate(b"quit\n")
+        self.started = False
+
+
+# ---------------------------------------------------------------- processes
 @dataclass
 class PodProcess:
     cmd: StartPod
@@ -54,6 +214,9 @@ class PodProcess:
     log_path: Path
     stopping: bool = False
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
+    cleanup_argv: list[str] | None = None
+    cpus: list[int] | None = None
+    argv: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -69,6 +232,8 @@ class PodProcess:
             await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace_s)
         except TimeoutError:
             _killpg(self.proc.pid, signal.SIGKILL)
+            if self.cleanup_argv:
+                await _run_quietly(self.cleanup_argv)
 
 
 def _killpg(pid: int, sig: int) -> None:
@@ -78,35 +243,69 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
+async def _run_quietly(argv: list[str], timeout_s: float = 30.0) -> None:
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+        await asyncio.wait_for(proc.wait(), timeout_s)
+    except (OSError, TimeoutError) as exc:
+        log.warning("cleanup_failed", argv=argv, error=repr(exc))
+
+
 ExitCallback = Callable[[PodProcess, int, ExitReason, int | None, str], Awaitable[None]]
 
 
-async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback) -> PodProcess:
-    """Start the pod's command in its own session (process group); call ``on_exit`` when it ends."""
+def _pin(cpus: list[int]) -> Callable[[], None]:
+    def preexec() -> None:  # runs in the child between fork and exec
+        os.sched_setaffinity(0, cpus)
+
+    return preexec
+
+
+async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: LaunchSpec | None = None,
+                 at_limit: Callable[[PodProcess], bool] | None = None) -> PodProcess:
+    """Start the pod in its own session (process group); call ``on_exit`` when it ends.
+
+    ``spec`` is what a runtime prepared (argv, env, CPUs); without one the command runs as a plain
+    subprocess with ``pod_environment``. ``at_limit`` is asked, once the process has ended, whether the
+    pod's GPU memory had reached its limit (OOM without a message).
+    """
     pod_dir = work_dir / cmd.job_id
     pod_dir.mkdir(parents=True, exist_ok=True)
     log_path = pod_dir / f"{cmd.pod}.log"
+    if spec is None:
+        spec = LaunchSpec(argv=list(cmd.command), env=pod_environment(cmd, dict(os.environ)))
     log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = await asyncio.create_subprocess_exec(
-            *cmd.command,
+            *spec.argv,
             stdout=log_file,
             stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL,
-            env=pod_environment(cmd, dict(os.environ)),
+            env=spec.env,
             cwd=pod_dir,
             start_new_session=True,
+            preexec_fn=_pin(spec.cpus) if spec.cpus else None,
         )
     finally:
         log_file.close()
-    pod = PodProcess(cmd=cmd, proc=proc, log_path=log_path)
+    pod = PodProcess(cmd=cmd, proc=proc, log_path=log_path, cleanup_argv=spec.cleanup_argv, cpus=spec.cpus,
+                     argv=spec.argv)
 
     async def wait() -> None:
         rc = await proc.wait()
         _killpg(proc.pid, signal.SIGKILL)  # reap anything the pod left behind in its group
         tail = _tail(log_path)
-        reason, sig = exit_reason(rc, pod.stopping, tail)
+        limit_hit = False
+        if at_limit is not None and rc != 0 and not pod.stopping:
+            try:
+                limit_hit = at_limit(pod)
+            except Exception as exc:  # noqa: BLE001 - a failed probe must not lose the exit
+                log.warning("oom_probe_failed", job_id=cmd.job_id, pod=cmd.pod, error=repr(exc))
+        reason, sig = exit_reason(rc, pod.stopping, tail, at_limit=limit_hit)
         message = tail.decode(errors="replace").strip().splitlines()[-1][:200] if tail.strip() else ""
+        if reason == ExitReason.OOM and limit_hit and not OOM_PATTERNS.search(tail):
+            message = "GPU memory at its limit when the pod failed" + (f": {message}" if message else "")
         await on_exit(pod, rc, reason, sig, message if reason != ExitReason.COMPLETED else "")
 
     pod.waiter = asyncio.create_task(wait())

@@ -1,37 +1,60 @@
-"""The node agent: registers its node, heartbeats with telemetry, runs pods on command."""
+"""The node agent: registers its node, heartbeats with telemetry, runs pods on command.
+
+- Inventory: ``backend.discover()`` plus labels, published as ``NodeRegistered`` at start, after a
+  NATS reconnect, and whenever a re-discovery (every ``TIDE_INVENTORY_S``) finds a change.
+- Heartbeat: a ``Telemetry`` message every ``TIDE_HEARTBEAT_S`` with a sequence number; every
+  ``TIDE_TELEMETRY_S`` it also carries the GPU samples and per-pod usage.
+- Pods: ``StartPod`` -> resolve MIG instances (creating them if needed), pick CPUs, MPS, runtime
+  argv/env, launch; ``PodExited`` with reason, signal, peak GPU memory once it ends.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from dataclasses import dataclass, field
 
 import structlog
 from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, publish
+from tide.core.mig import profiles_for
 from tide.runtime import every
 from tide.schemas.events import (
     NODE_COMMAND,
     CommandAck,
     ExitReason,
+    GpuAssignment,
+    GpuSample,
     Message,
     NodeRegistered,
     PodExited,
     PodStarted,
+    PodUsage,
     StartPod,
     StopPod,
     Telemetry,
 )
-from tide.schemas.node import NodeDescription, default_h100_node, load_node_file
+from tide.schemas.node import MigInstanceDescription, NodeDescription, default_h100_node, load_node_file
 from tide.settings import Settings
 from tide.tracing import job_span
 
-from tide_node_agent.gpu import BackendUnavailable, GpuBackend
+from tide_node_agent.gpu import BackendUnavailable, GpuBackend, MigError, PodGpus, parse_labels, with_labels
 from tide_node_agent.gpu.simulated import SimulatedBackend
-from tide_node_agent.runtime import PodProcess, launch
+from tide_node_agent.runtime import (
+    AT_LIMIT_RATIO,
+    MpsControl,
+    PodProcess,
+    launch,
+    make_runtime,
+    pod_environment,
+)
 
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.node_agent")
+MIB = 1024 * 1024
 
 
 def make_backend(settings: Settings) -> GpuBackend:
@@ -58,29 +81,84 @@ def describe_node(node_id: str, settings: Settings) -> NodeDescription:
     raise SystemExit(f"node {node_id!r} is not in {settings.node_file}")
 
 
+@dataclass
+class PodMig:
+    """MIG changes made for one pod, undone when it ends."""
+
+    created: list[tuple[int, str]] = field(default_factory=list)
+    destroyed: list[tuple[int, str, int]] = field(default_factory=list)
+    enabled: list[int] = field(default_factory=list)
+
+
+@dataclass
+class PodState:
+    gpus: PodGpus
+    mig: PodMig
+    started: float = field(default_factory=time.monotonic)
+    memory_bytes: int = 0
+    peak_bytes: int = 0
+    pcie_bytes: float = 0.0
+    nvlink_bytes: float = 0.0
+
+
 class NodeAgent:
     def __init__(self, settings: Settings, backend: GpuBackend | None = None) -> None:
         self.settings = settings
         self.backend = backend or make_backend(settings)
-        self.node = self.backend.discover()
-        self.node_id = self.node.node_id
+        self.simulated = isinstance(self.backend, SimulatedBackend)
+        self.extra_labels = parse_labels(settings.node_labels)
+        self.runtime = make_runtime(settings.runtime, settings.runtime_command, settings.runtime_image)
         self.pods: dict[str, PodProcess] = {}
+        self.state: dict[str, PodState] = {}
+        self.node = self.inventory()
+        self.node_id = self.node.node_id
+        self.work_dir = settings.work_dir / self.node_id
+        self.mps = MpsControl(settings.mps_dir or self.work_dir / "mps", launch=not self.simulated)
+        self.seq = 0
+        self._last_telemetry = 0.0
+        self._last_inventory = time.monotonic()
+        self._last_beat = time.monotonic()
         self._log = log.bind(node_id=self.node_id)
 
+    # ------------------------------------------------------------ inventory
+    def inventory(self) -> NodeDescription:
+        """What the placer should plan with: the node as discovered, minus the MIG changes Tide made for
+        running pods (their claims already account for them), plus labels."""
+        node = self.backend.discover()
+        created = {uuid for s in self.state.values() for _, uuid in s.mig.created}
+        destroyed = [d for s in self.state.values() for d in s.mig.destroyed]
+        enabled = {i for s in self.state.values() for i in s.mig.enabled}
+        for g in node.gpus:
+            g.mig_instances = [m for m in g.mig_instances if m.uuid not in created]
+            g.mig_instances += [MigInstanceDescription(profile=p, start=st) for i, p, st in destroyed if i == g.index]
+            g.mig_instances.sort(key=lambda m: m.start)
+            if g.index in enabled and not g.mig_instances:
+                g.mig_enabled = False
+        return with_labels(node, self.extra_labels)
+
+    async def _check_inventory(self) -> None:
+        node = self.inventory()
+        if node != self.node:
+            self._log.info("inventory_changed")
+            self.node = node
+            await self._register()
+
+    async def _register(self) -> None:
+        await self._status(NodeRegistered(node=self.node, running_pods=sorted(self.pods)))
+
+    # ------------------------------------------------------------ service
     async def start(self) -> None:
         self.nc = await connect(
             self.settings, f"tide-agent-{self.node_id}", inbox_prefix=subjects.node_inbox_prefix(self.node_id)
         )
         self.js = self.nc.jetstream()
         await self.nc.subscribe(subjects.node_cmd(self.node_id), cb=self._on_command)
-        await self._status(NodeRegistered(node=self.node, running_pods=sorted(self.pods)))
+        await self._register()
         self.nc._reconnected_cb = self._on_reconnect  # re-announce after a NATS restart
 
     async def _on_reconnect(self) -> None:
         self._log.info("nats_reconnected_reregister")
-        asyncio.get_running_loop().create_task(
-            self._status(NodeRegistered(node=self.node, running_pods=sorted(self.pods)))
-        )
+        asyncio.get_running_loop().create_task(self._register())
 
     async def run(self, stop: asyncio.Event) -> None:
         await every(self.settings.heartbeat_s, stop, self._heartbeat)
@@ -91,18 +169,80 @@ class NodeAgent:
         waiters = [p.waiter for p in self.pods.values() if p.waiter]
         if waiters:
             await asyncio.wait(waiters, timeout=5)
+        await self.mps.stop()
         await close_nats(self.nc)
+        self.backend.close()
 
     async def _status(self, message: Message) -> None:
         await publish(self.js, subjects.node_status(self.node_id), message)
 
-    async def _heartbeat(self) -> None:
+    # ------------------------------------------------------------ heartbeat and telemetry
+    def busy(self) -> dict[int, float]:
         busy: dict[int, float] = {}
-        for pod in self.pods.values():
-            for g in pod.cmd.gpus:
-                busy[g.index] = busy.get(g.index, 0.0) + g.milli / 1000
-        telemetry = Telemetry(node_id=self.node_id, running_pods=len(self.pods), gpus=self.backend.sample(busy))
+        for s in self.state.values():
+            for i in s.gpus.gpus:
+                busy[i] = busy.get(i, 0.0) + s.gpus.share
+        return busy
+
+    def poll_memory(self) -> None:
+        """Per-pod GPU memory now (its processes: the pid and anything in its process group) and peaks."""
+        per_pid = self.backend.process_memory()
+        totals: dict[str, int] = {}
+        leaders = {pod.proc.pid: key for key, pod in self.pods.items()}
+        for pid, used in per_pid.items():
+            key = leaders.get(pid)
+            if key is None:
+                try:
+                    key = leaders.get(os.getpgid(pid))
+                except (ProcessLookupError, PermissionError):
+                    key = None
+            if key is not None:
+                totals[key] = totals.get(key, 0) + used
+        for key, s in self.state.items():
+            s.memory_bytes = totals.get(key, 0)
+            s.peak_bytes = max(s.peak_bytes, s.memory_bytes)
+
+    def telemetry(self, now: float | None = None) -> tuple[list[GpuSample], list[PodUsage]]:
+        """GPU samples now, and each pod's usage with the interconnect bytes since the last sample."""
+        now = time.monotonic() if now is None else now
+        samples = self.backend.sample(self.busy())
+        by_index = {s.index: s for s in samples}
+        dt = now - self._last_telemetry if self._last_telemetry else 0.0
+        usage = []
+        for key, s in self.state.items():
+            span = min(dt, now - s.started)
+            for i in s.gpus.gpus:
+                g = by_index.get(i)
+                if g is not None and span > 0:
+                    s.pcie_bytes += (g.pcie_tx_bytes_per_s + g.pcie_rx_bytes_per_s) * s.gpus.share * span
+                    s.nvlink_bytes += (g.nvlink_tx_bytes_per_s + g.nvlink_rx_bytes_per_s) * s.gpus.share * span
+            job_id, pod = key.split("/", 1)
+            proc = self.pods.get(key)
+            usage.append(PodUsage(job_id=job_id, pod=pod, gpu_memory_bytes=s.memory_bytes,
+                                  peak_memory_bytes=s.peak_bytes, pcie_bytes=s.pcie_bytes,
+                                  nvlink_bytes=s.nvlink_bytes,
+                                  network_bytes=network_bytes(proc.proc.pid) if proc else None))
+        self._last_telemetry = now
+        for sample in samples:
+            if sample.xid_errors:
+                self._log.warning("gpu_xid", gpu=sample.index, xids=sample.xid_errors)
+        return samples, usage
+
+    async def _heartbeat(self) -> None:
+        now = time.monotonic()
+        self.seq += 1
+        self._last_beat = now
+        self.poll_memory()
+        gpus: list[GpuSample] = []
+        pods: list[PodUsage] = []
+        if now - self._last_telemetry >= self.settings.telemetry_s - 1e-3 or not self._last_telemetry:
+            gpus, pods = self.telemetry(now)
+        telemetry = Telemetry(node_id=self.node_id, running_pods=len(self.pods), gpus=gpus, pods=pods,
+                              seq=self.seq, heartbeat_s=self.settings.heartbeat_s)
         await self.nc.publish(subjects.telemetry(self.node_id), telemetry.to_bytes())
+        if now - self._last_inventory >= self.settings.inventory_s:
+            self._last_inventory = now
+            await self._check_inventory()
 
     # ------------------------------------------------------------ commands
     async def _on_command(self, msg: Msg) -> None:
@@ -119,6 +259,30 @@ class NodeAgent:
         if msg.reply:
             await msg.respond(ack.model_dump_json().encode())
 
+    def _cpus_for(self, cmd: StartPod) -> list[int] | None:
+        if not self.settings.cpu_pinning or not cmd.gpus:
+            return None
+        wanted = {c for g in cmd.gpus for c in self.node.gpus[g.index].cpu_affinity}
+        usable = sorted(wanted & os.sched_getaffinity(0))
+        if wanted and not usable:
+            self._log.info("cpu_pinning_skipped", job_id=cmd.job_id, reason="GPU-local CPUs not available here")
+        return usable or None
+
+    def _limit_and_share(self, cmd: StartPod) -> tuple[int, float]:
+        limit, share = 0, 1.0
+        for g in cmd.gpus:
+            gpu = self.node.gpus[g.index]
+            if g.mig_profile:
+                p = profiles_for(gpu.model)[g.mig_profile]
+                limit += p.memory_mib * MIB
+                share = p.compute / 7
+            elif g.milli < 1000 or cmd.share_memory_mib is not None:
+                limit += (g.memory_mib or cmd.share_memory_mib or gpu.memory_mib) * MIB
+                share = g.milli / 1000 if g.milli else 1.0
+            else:
+                limit += gpu.memory_mib * MIB
+        return limit, share
+
     async def _start(self, cmd: StartPod) -> CommandAck:
         key = f"{cmd.job_id}/{cmd.pod}"
         if key in self.pods:
@@ -127,14 +291,39 @@ class NodeAgent:
         if any(g.index not in known for g in cmd.gpus):
             return CommandAck(ok=False, error=f"unknown GPU index in {[g.index for g in cmd.gpus]}")
         try:
-            pod = await launch(cmd, self.settings.work_dir / self.node_id, self._on_exit)
+            uuids, mig = self.resolve_gpus(cmd)
+        except MigError as exc:
+            self._log.warning("mig_refused", job_id=cmd.job_id, pod=cmd.pod, error=str(exc))
+            return CommandAck(ok=False, error=f"MIG: {exc}")
+        limit, share = self._limit_and_share(cmd)
+        pod_dir = self.work_dir / cmd.job_id
+        memory_file = str(pod_dir / f"{cmd.pod}.gpumem") if self.simulated else None
+        try:
+            shares = cmd.share_sm_percent is not None or cmd.share_memory_mib is not None
+            if shares:
+                await self.mps.ensure()
+            env = pod_environment(cmd, dict(os.environ), uuids, self.mps.dirs if shares else None)
+            if memory_file:
+                env["TIDE_SIM_GPU_MEMORY_FILE"] = memory_file
+            spec = self.runtime.prepare(cmd, env, self._cpus_for(cmd))
+        except (ValueError, RuntimeError) as exc:
+            self.release_mig(mig)
+            return CommandAck(ok=False, error=str(exc))
+        try:
+            pod = await launch(cmd, self.work_dir, self._on_exit, spec=spec, at_limit=self._at_limit)
         except OSError as exc:
+            self.release_mig(mig)
             await self._status(PodExited(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=None,
                                          reason=ExitReason.START_FAILED, message=str(exc)))
             return CommandAck(ok=True)
         self.pods[key] = pod
-        self._log.info("pod_started", job_id=cmd.job_id, pod=cmd.pod, pid=pod.proc.pid,
-                       gpus=[g.uuid for g in cmd.gpus])
+        mig_uuid = next((u for g, u in zip(cmd.gpus, uuids, strict=True) if g.mig_profile), None)
+        gpus = PodGpus(key=key, pid=pod.proc.pid, gpus=tuple(g.index for g in cmd.gpus), share=share,
+                       memory_limit_bytes=limit, mig_uuid=mig_uuid, memory_file=memory_file)
+        self.state[key] = PodState(gpus=gpus, mig=mig)
+        self.backend.pod_started(gpus)
+        self._log.info("pod_started", job_id=cmd.job_id, pod=cmd.pod, pid=pod.proc.pid, gpus=uuids,
+                       runtime=self.runtime.name, cpus=len(spec.cpus or []))
         await self._status(PodStarted(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, pid=pod.proc.pid))
         return CommandAck(ok=True)
 
@@ -149,8 +338,129 @@ class NodeAgent:
         asyncio.get_running_loop().create_task(pod.stop(cmd.grace_s))
         return CommandAck(ok=True)
 
+    def _at_limit(self, pod: PodProcess) -> bool:
+        self.poll_memory()
+        s = self.state.get(pod.key)
+        return bool(s and s.gpus.memory_limit_bytes and s.peak_bytes >= AT_LIMIT_RATIO * s.gpus.memory_limit_bytes)
+
     async def _on_exit(self, pod: PodProcess, rc: int, reason: ExitReason, sig: int | None, message: str) -> None:
         self.pods.pop(pod.key, None)
-        self._log.info("pod_exited", job_id=pod.cmd.job_id, pod=pod.cmd.pod, exit_code=rc, reason=reason.value)
+        s = self.state.pop(pod.key, None)
+        self.backend.pod_exited(pod.key)
+        if s is not None:
+            self.release_mig(s.mig)  # before PodExited: the placer may hand these slots out at once
+        self._log.info("pod_exited", job_id=pod.cmd.job_id, pod=pod.cmd.pod, exit_code=rc, reason=reason.value,
+                       peak_memory_bytes=s.peak_bytes if s else None)
         await self._status(PodExited(node_id=self.node_id, job_id=pod.cmd.job_id, pod=pod.cmd.pod,
-                                     exit_code=rc, signal=sig, reason=reason, message=message))
+                                     exit_code=rc, signal=sig, reason=reason, message=message,
+                                     peak_memory_bytes=s.peak_bytes if s else None,
+                                     memory_limit_bytes=(s.gpus.memory_limit_bytes or None) if s else None))
+
+    # ------------------------------------------------------------ MIG
+    def resolve_gpus(self, cmd: StartPod) -> tuple[list[str], PodMig]:
+        """The UUIDs the pod gets: GPUs as assigned, MIG instances found or created (dynamic MIG).
+
+        Synchronous on purpose: no other command can interleave between the checks and the changes.
+        """
+        mig = PodMig()
+        uuids = []
+        try:
+            for g in cmd.gpus:
+                uuids.append(self._mig_instance(g, mig) if g.mig_profile else g.uuid)
+        except MigError:
+            self.release_mig(mig)
+            raise
+        return uuids, mig
+
+    def _in_use(self) -> tuple[set[str], set[int]]:
+        """MIG UUIDs held by running pods, and GPUs held whole or shared (not through MIG)."""
+        migs = {s.gpus.mig_uuid for s in self.state.values() if s.gpus.mig_uuid}
+        plain = {i for s in self.state.values() if not s.gpus.mig_uuid for i in s.gpus.gpus}
+        return migs, plain
+
+    def _mig_instance(self, g: GpuAssignment, mig: PodMig) -> str:
+        i, profile = g.index, str(g.mig_profile)
+        gpu = self.node.gpus[i]
+        table = profiles_for(gpu.model)
+        if not gpu.mig_capable or not table:
+            raise MigError(f"GPU {i} ({gpu.model}) is not MIG-capable")
+        if profile not in table:
+            raise MigError(f"profile {profile} is not valid on GPU {i} ({gpu.model}); valid: {sorted(table)}")
+        p = table[profile]
+        in_use, plain = self._in_use()
+        if not self.backend.mig_mode(i):
+            if not self.settings.mig_auto_enable:
+                raise MigError(f"MIG mode is off on GPU {i}; enable it (nvidia-smi -i {i} -mig 1) "
+                               "or let the agent do it (TIDE_MIG_AUTO_ENABLE=true)")
+            if i in plain:
+                raise MigError(f"MIG mode is off on GPU {i} and pods use it whole or shared")
+            self.backend.set_mig_mode(i, True)  # MigError when a reset would be needed
+            mig.enabled.append(i)
+            self._log.info("mig_mode_enabled", gpu=i)
+        existing = self.backend.mig_instances(i)
+        start = g.mig_start
+        if start is None:  # the placer did not say where: an idle instance of the profile, else the first free start
+            idle = [m for m in existing if m.profile == profile and m.uuid not in in_use]
+            if idle:
+                return str(idle[0].uuid)
+            start = next((st for st in p.starts if not any(_overlaps(table, m, st, p.size) for m in existing)),
+                         p.starts[0])
+        for m in existing:
+            if m.profile == profile and m.start == start:
+                if m.uuid in in_use:
+                    raise MigError(f"GPU {i}: {profile}@{start} is in use by another pod")
+                return str(m.uuid)
+        for m in existing:
+            if _overlaps(table, m, start, p.size):
+                if m.uuid in in_use:
+                    raise MigError(f"GPU {i}: {profile}@{start} overlaps {m.profile}@{m.start}, which is in use")
+                self.backend.destroy_mig(i, str(m.uuid))
+                mig.destroyed.append((i, m.profile, m.start))
+                self._log.info("mig_destroyed", gpu=i, profile=m.profile, start=m.start, why="repartition")
+        uuid = self.backend.create_mig(i, profile, start)
+        mig.created.append((i, uuid))
+        self._log.info("mig_created", gpu=i, profile=profile, start=start, uuid=uuid)
+        return uuid
+
+    def release_mig(self, mig: PodMig) -> None:
+        """Undo a pod's MIG changes: destroy what was created, re-create what was destroyed, MIG mode back."""
+        for i, uuid in reversed(mig.created):
+            try:
+                self.backend.destroy_mig(i, uuid)
+            except MigError as exc:
+                self._log.error("mig_destroy_failed", gpu=i, uuid=uuid, error=str(exc))
+        for i, profile, start in mig.destroyed:
+            try:
+                self.backend.create_mig(i, profile, start)
+            except MigError as exc:
+                self._log.error("mig_recreate_failed", gpu=i, profile=profile, start=start, error=str(exc))
+        for i in mig.enabled:
+            try:
+                if not self.backend.mig_instances(i):
+                    self.backend.set_mig_mode(i, False)
+            except MigError as exc:
+                self._log.error("mig_mode_restore_failed", gpu=i, error=str(exc))
+        mig.created, mig.destroyed, mig.enabled = [], [], []
+
+
+def _overlaps(table: dict, m: MigInstanceDescription, start: int, size: int) -> bool:
+    q = table[m.profile]
+    return m.start < start + size and start < m.start + q.size
+
+
+def network_bytes(pid: int) -> int | None:
+    """rx+tx bytes of a pod's own network namespace; None when it shares the host's (not attributable)."""
+    try:
+        if os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+            return None
+        total = 0
+        with open(f"/proc/{pid}/net/dev") as f:
+            for line in f.readlines()[2:]:
+                name, data = line.split(":", 1)
+                if name.strip() == "lo":
+                    continue
+                cols = data.split()
+                total += int(cols[0]) + int(cols[8])
+        return total
+    except (OSError, ValueError, IndexError):
+        return None

@@ -104,6 +104,9 @@ class JobRecord(BaseModel):
     finished_at: float | None = None
     attempts: int = 0
     cancel_requested: bool = False
+    reservation: str | None = Field(default=None, description="open gang reservation (until commit)")
+    avoid_nodes: list[str] = Field(default_factory=list, description="nodes that failed to start this job")
+    not_before: float = Field(default=0.0, description="requeue backoff: not placed before this time")
     pods: list[PodRecord] = Field(default_factory=list)
 
     def to_json(self) -> str:
@@ -158,6 +161,8 @@ class PodExited(Message):
     signal: int | None = None
     reason: ExitReason
     message: str = ""
+    peak_memory_bytes: int | None = Field(default=None, description="peak GPU memory of the pod's processes")
+    memory_limit_bytes: int | None = Field(default=None, description="the GPU memory the pod was given")
 
 
 NodeStatus = Annotated[NodeRegistered | PodStarted | PodExited, Field(discriminator="kind")]
@@ -205,9 +210,25 @@ NodeCommand = Annotated[StartPod | StopPod, Field(discriminator="kind")]
 NODE_COMMAND = TypeAdapter(NodeCommand)
 
 
+def agent_pod_id(pod: str, attempt: int) -> str:
+    """The id a node agent knows a pod by: its name and the placement attempt that started it."""
+    return f"{pod}.a{attempt}"
+
+
+def parse_agent_pod_id(agent_pod: str) -> tuple[str, int]:
+    name, _, attempt = agent_pod.rpartition(".a")
+    return (name, int(attempt)) if name and attempt.isdigit() else (agent_pod, 0)
+
+
 class CommandAck(BaseModel):
     ok: bool
     error: str = ""
+
+
+class ProcessSample(BaseModel):
+    pid: int
+    memory_bytes: int
+    mig_uuid: str | None = None
 
 
 class GpuSample(BaseModel):
@@ -222,6 +243,23 @@ class GpuSample(BaseModel):
     sm_clock_hz: float = 0.0
     power_watts: float = 0.0
     temperature_c: float = 0.0
+    nvlink_tx_bytes_per_s: float = 0.0
+    nvlink_rx_bytes_per_s: float = 0.0
+    ecc_uncorrected_errors: int = 0
+    xid_errors: list[int] = Field(default_factory=list, description="XID codes seen since the last sample")
+    processes: list[ProcessSample] = Field(default_factory=list, description="per-process GPU memory (NVML)")
+
+
+class PodUsage(BaseModel):
+    """What one pod used since it started (telemetry, per job)."""
+
+    job_id: str
+    pod: str
+    gpu_memory_bytes: int = 0
+    peak_memory_bytes: int = 0
+    pcie_bytes: float = 0.0
+    nvlink_bytes: float = 0.0
+    network_bytes: int | None = Field(default=None, description="only when the pod has its own network namespace")
 
 
 class Telemetry(Message):
@@ -230,3 +268,6 @@ class Telemetry(Message):
     node_id: str
     running_pods: int = 0
     gpus: list[GpuSample] = Field(default_factory=list)
+    seq: int = Field(default=0, description="heartbeat counter since the agent started")
+    heartbeat_s: float | None = Field(default=None, description="the agent's heartbeat interval")
+    pods: list[PodUsage] = Field(default_factory=list, description="per-pod usage (with GPU samples only)")

@@ -32,6 +32,15 @@ class GpuDescription(BaseModel):
     numa_node: int = Field(default=0, ge=0)
     nvlink_domain: int | None = Field(default=None, description="NVSwitch/NVLink domain id within the node")
     nvlink_peers: list[int] = Field(default_factory=list, description="indices of directly NVLinked GPUs")
+    # discovered by the node agent (optional; node files may leave them out)
+    compute_capability: str | None = Field(default=None, description="CUDA compute capability, e.g. '9.0'")
+    pci_bus_id: str | None = Field(default=None, description="PCIe bus id, e.g. '00000000:18:00.0'")
+    cpu_affinity: list[int] = Field(default_factory=list, description="CPUs local to the GPU (its NUMA node)")
+    topology: dict[int, str] = Field(
+        default_factory=dict,
+        description="peer GPU index -> link: nvlink | pcie_switch | pcie_multi_switch | root_complex | "
+        "same_numa | cross_socket (nvmlDeviceGetTopologyCommonAncestor)",
+    )
 
 
 class NodeDescription(BaseModel):
