@@ -267,6 +267,8 @@ class FakeNvml:
         raise err(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlComputeInstanceDestroy(self, ci: CI) -> None:
+        if ci.gi.processes:
+            raise err(pynvml.NVML_ERROR_IN_USE)
         ci.gi.cis.remove(ci)
 
     def nvmlGpuInstanceDestroy(self, gi: GI) -> None:

@@ -10,6 +10,7 @@ removes the container, which a killed client would leave behind).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import re
 import shutil
@@ -255,11 +256,60 @@ async def _run_quietly(argv: list[str], timeout_s: float = 30.0) -> None:
 ExitCallback = Callable[[PodProcess, int, ExitReason, int | None, str], Awaitable[None]]
 
 
-def _pin(cpus: list[int]) -> Callable[[], None]:
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - not Linux
+    _libc = None
+PR_SET_PDEATHSIG = 1
+
+
+def _preexec(cpus: list[int] | None) -> Callable[[], None]:
     def preexec() -> None:  # runs in the child between fork and exec
-        os.sched_setaffinity(0, cpus)
+        if _libc is not None:  # the pod's leader dies with the agent (kill -9 included)
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
 
     return preexec
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def record_pod(pids_dir: Path, key: str, pid: int) -> None:
+    """Remember a pod's process group on disk, so a restarted agent can reap what the old one left."""
+    pids_dir.mkdir(parents=True, exist_ok=True)
+    (pids_dir / (key.replace("/", "__") + ".pid")).write_text(f"{pid} {_start_time(pid) or ''}\n")
+
+
+def forget_pod(pids_dir: Path, key: str) -> None:
+    (pids_dir / (key.replace("/", "__") + ".pid")).unlink(missing_ok=True)
+
+
+def reap_orphans(pids_dir: Path) -> list[str]:
+    """SIGKILL the process groups of pods a previous agent left running; the pods' keys."""
+    reaped = []
+    for f in sorted(pids_dir.glob("*.pid")) if pids_dir.exists() else []:
+        try:
+            pid_s, _, started = f.read_text().strip().partition(" ")
+            pid = int(pid_s)
+        except (OSError, ValueError):
+            f.unlink(missing_ok=True)
+            continue
+        if _start_time(pid) == (started or None) and started:
+            _killpg(pid, signal.SIGKILL)
+            reaped.append(f.stem.replace("__", "/", 1))
+        elif not Path(f"/proc/{pid}").exists():
+            # the leader is gone (PDEATHSIG); while its group has members the pid cannot be reused, so
+            # whatever still carries that process group id is what the pod left behind
+            _killpg(pid, signal.SIGKILL)
+        f.unlink(missing_ok=True)
+    return reaped
 
 
 async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: LaunchSpec | None = None,
@@ -285,7 +335,7 @@ async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: Lau
             env=spec.env,
             cwd=pod_dir,
             start_new_session=True,
-            preexec_fn=_pin(spec.cpus) if spec.cpus else None,
+            preexec_fn=_preexec(spec.cpus),
         )
     finally:
         log_file.close()

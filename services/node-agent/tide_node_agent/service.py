@@ -47,9 +47,12 @@ from tide_node_agent.runtime import (
     AT_LIMIT_RATIO,
     MpsControl,
     PodProcess,
+    forget_pod,
     launch,
     make_runtime,
     pod_environment,
+    reap_orphans,
+    record_pod,
 )
 
 log = structlog.get_logger()
@@ -114,6 +117,7 @@ class NodeAgent:
         self.node_id = self.node.node_id
         self.work_dir = settings.work_dir / self.node_id
         self.mps = MpsControl(settings.mps_dir or self.work_dir / "mps", launch=not self.simulated)
+        self.pids_dir = self.work_dir / "pids"
         self.seq = 0
         self._last_telemetry = 0.0
         self._last_inventory = time.monotonic()
@@ -148,6 +152,9 @@ class NodeAgent:
 
     # ------------------------------------------------------------ service
     async def start(self) -> None:
+        reaped = reap_orphans(self.pids_dir)
+        if reaped:  # a previous agent died with pods running: they are not ours any more (the placer calls them lost)
+            self._log.warning("orphan_pods_killed", pods=reaped)
         self.nc = await connect(
             self.settings, f"tide-agent-{self.node_id}", inbox_prefix=subjects.node_inbox_prefix(self.node_id)
         )
@@ -317,6 +324,7 @@ class NodeAgent:
                                          reason=ExitReason.START_FAILED, message=str(exc)))
             return CommandAck(ok=True)
         self.pods[key] = pod
+        record_pod(self.pids_dir, key, pod.proc.pid)
         mig_uuid = next((u for g, u in zip(cmd.gpus, uuids, strict=True) if g.mig_profile), None)
         gpus = PodGpus(key=key, pid=pod.proc.pid, gpus=tuple(g.index for g in cmd.gpus), share=share,
                        memory_limit_bytes=limit, mig_uuid=mig_uuid, memory_file=memory_file)
@@ -344,7 +352,9 @@ class NodeAgent:
         return bool(s and s.gpus.memory_limit_bytes and s.peak_bytes >= AT_LIMIT_RATIO * s.gpus.memory_limit_bytes)
 
     async def _on_exit(self, pod: PodProcess, rc: int, reason: ExitReason, sig: int | None, message: str) -> None:
+        self.poll_memory()  # a last look (the simulator still knows the pod; NVML may not any more)
         self.pods.pop(pod.key, None)
+        forget_pod(self.pids_dir, pod.key)
         s = self.state.pop(pod.key, None)
         self.backend.pod_exited(pod.key)
         if s is not None:

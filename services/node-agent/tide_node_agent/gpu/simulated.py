@@ -160,7 +160,7 @@ class SimulatedBackend:
 
     def _pod_memory_per_gpu(self, pod: PodGpus) -> int:
         limit = pod.memory_limit_bytes // max(1, len(pod.gpus))
-        if pod.memory_file:
+        if pod.memory_file and Path(pod.memory_file).exists():
             try:
                 wanted = int(Path(pod.memory_file).read_text().strip() or 0)
             except (OSError, ValueError):
