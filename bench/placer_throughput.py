@@ -11,7 +11,6 @@ import sys
 import time
 
 import numpy as np
-
 from tide.core import DEFAULT_POLICY, Allocation, Cluster, Placer, PodRequest, TypicalPods
 from tide.schemas.node import GpuDescription, NodeDescription
 

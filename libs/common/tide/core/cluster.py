@@ -13,6 +13,7 @@ Accounting per GPU:
 from __future__ import annotations
 
 import copy as _copy
+import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -26,12 +27,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from tide.schemas.node import NodeDescription
 
 
+_STAMPS = itertools.count(1)  # node stamps, unique across every cluster and copy in the process
+
+
 def slot_mask(start: int, size: int) -> int:
     return ((1 << size) - 1) << start
 
 
 class Cluster:
-    """Mutable, array-backed cluster state shared by the live placer and the simulator."""
+    """Mutable, array-backed cluster state shared by the live placer and the simulator.
+
+    Change the state only through ``allocate`` and ``release``: they stamp the node (``node_stamp``),
+    which is how the placer's score cache knows what changed.
+    """
 
     def __init__(self) -> None:
         self.node_ids: list[str] = []
@@ -95,6 +103,9 @@ class Cluster:
         c.node_model = np.where(c.ngpu > 0, c.gpu_model[:, 0], -1)
         c.milli_free = np.where(c.gpu_exists & ~c.mig_enabled, MILLI, 0).astype(np.int64)
         c.gpu_mem_free = np.where(c.mig_enabled, 0, c.gpu_mem_cap)
+        # per node: 0 in the described state, then a process-unique stamp at every allocate/release, so
+        # two clusters (e.g. a what-if copy) with the same stamp on a node hold the same state there
+        c.node_stamp = np.zeros(n, dtype=np.int64)
         c._label_cache: dict[str, np.ndarray] = {}
         return c
 
@@ -177,6 +188,7 @@ class Cluster:
         if alloc.mig is not None:
             self._mig_take(i, alloc.mig)
         self.version += 1
+        self.node_stamp[i] = next(_STAMPS)
 
     def release(self, alloc: Allocation) -> None:
         """Exactly undo ``allocate(alloc)``."""
@@ -200,6 +212,7 @@ class Cluster:
         if alloc.mig is not None:
             self._mig_give_back(i, alloc.mig)
         self.version += 1
+        self.node_stamp[i] = next(_STAMPS)
 
     def _node(self, node_id: str) -> int:
         try:

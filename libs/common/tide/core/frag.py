@@ -20,6 +20,8 @@ import numpy as np
 
 from tide.core.model import MILLI, PodRequest
 
+_DEDUPE_MIN = 64  # batches at least this large are evaluated per distinct state
+
 
 @dataclass(frozen=True, slots=True)
 class PodShape:
@@ -114,6 +116,17 @@ class FragModel:
             ok[1:, k] = [not s.gpu_models or m in s.gpu_models for m in models] if models else []
         self.model_ok = ok
 
+    def frag_states(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
+        """``frag`` evaluated once per distinct node state (many nodes are alike: idle nodes of a type)."""
+        if len(cpu) < _DEDUPE_MIN:
+            return self.frag(free, cpu, model)
+        rows = np.ascontiguousarray(np.column_stack((free, cpu, model)).astype(np.int64, copy=False))
+        keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        if len(first) > 0.7 * len(cpu):
+            return self.frag(free, cpu, model)
+        return self.frag(free[first], cpu[first], model[first])[inverse.ravel()]
+
     def frag(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
         """Fragmented milli-GPU of each node state (frequency-weighted over typical pods)."""
         total = free.sum(axis=1)
@@ -129,7 +142,7 @@ class FragModel:
             & self.is_gpu[None, :]
         )
         frag = np.where(fits, (total[:, None] - usable[:, self.t_k]), total[:, None])
-        return frag @ self.weight
+        return (frag * self.weight).sum(axis=1)  # per row, so a state scores the same in any batch
 
 
 class CapacityFragModel(FragModel):
@@ -152,4 +165,4 @@ class CapacityFragModel(FragModel):
         pods = np.where(self.model_ok[model + 1] & self.is_gpu[None, :], pods, 0)
         used = pods * (self.thresholds[self.t_k] * np.maximum(self.count, 1))[None, :]
         frag = total[:, None] - np.minimum(used, total[:, None])
-        return frag @ self.weight
+        return (frag * self.weight).sum(axis=1)  # per row, so a state scores the same in any batch

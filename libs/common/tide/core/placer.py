@@ -24,7 +24,8 @@ from tide.core.plugins.gpupacking import GpuPackingScore
 from tide.core.plugins.random_score import RandomScore
 from tide.core.plugins.tide_frag import TideFragScore
 from tide.core.plugins.topology_score import TopologyScore
-from tide.core.topology import pick_gpus
+from tide.core.score_cache import NodeScoreCache
+from tide.core.topology import GpuPosition, pick_gpus
 
 PLUGINS: dict[str, Callable[[], ScorePlugin]] = {
     "random": RandomScore,
@@ -76,12 +77,15 @@ class Placer:
         workload: TypicalPods | None = None,
         window: int = 5000,
         tie_break: str = "first",
+        cache: bool = True,
     ):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.policy = policy
         self.weights: dict[str, float] = dict(POLICIES[policy].weights)
         self._plugins: dict[str, ScorePlugin] = {}
+        self._score_cache = NodeScoreCache() if cache else None
+        self._cacheable = False
         self.set_weights(weights or {})
         if tie_break not in ("first", "random"):
             raise ValueError("tie_break must be 'first' (node order, as the reference simulator) or 'random'")
@@ -101,6 +105,10 @@ class Placer:
                 raise ValueError(f"unknown plugin {name!r}; known: {', '.join(PLUGINS)}")
             self.weights[name] = float(w)
         self._plugins = {n: self._plugins.get(n) or PLUGINS[n]() for n, w in self.weights.items() if w}
+        # node-local plugins score a candidate from its own node's state: their scores can be cached per node
+        self._cacheable = all(getattr(p, "node_local", False) for p in self._plugins.values())
+        if self._score_cache is not None:
+            self._score_cache.clear()
 
     def set_workload(self, workload: TypicalPods | None) -> None:
         """Fix the typical-pod distribution fragmentation is measured against (None: learn online)."""
@@ -128,10 +136,48 @@ class Placer:
         key = (id(wl), tuple(cluster.models))
         if self._frag_cache is None or self._frag_cache[:2] != key:
             self._frag_cache = (*key, FragModel(wl, cluster.models), CapacityFragModel(wl, cluster.models))
+            if self._score_cache is not None:
+                self._score_cache.clear()
         return self._frag_cache[2], self._frag_cache[3]
 
     # ------------------------------------------------------------------ placement
     def place(self, cluster: Cluster, req: PodRequest) -> Allocation | Unfit:
+        if self._score_cache is not None and self._cacheable and req.kind != "mig" and cluster.num_nodes:
+            res = self._place_cached(cluster, req)
+            if res is not None:
+                return res
+        return self._place_uncached(cluster, req)
+
+    def _place_cached(self, cluster: Cluster, req: PodRequest) -> Allocation | None:
+        """The same decision as ``_place_uncached`` from per-node cached scores; None when nothing fits
+        (the uncached path then explains why)."""
+        assert self._score_cache is not None
+        frag = self._frag_models(cluster)
+        cache = self._score_cache
+
+        def before(model: FragModel, nodes: np.ndarray) -> np.ndarray:
+            return cache.before_frag(cluster, model, nodes)
+
+        def score(cand: Candidates) -> np.ndarray:
+            ctx = Context(cluster, req, cand, self.rng, *frag, before_frag=before)
+            total = np.zeros(len(cand))
+            for name, plugin in self._plugins.items():
+                total += self.weights[name] * plugin.score(ctx)
+            return total
+
+        scores, pick = self._score_cache.node_scores(cluster, req, score)
+        best = scores.max()
+        if best == -np.inf:
+            return None
+        if self.tie_break == "random":
+            tied = np.flatnonzero(scores >= best - 1e-9)
+            node = int(tied[0] if len(tied) == 1 else tied[self.rng.integers(len(tied))])
+        else:
+            node = int(np.argmax(scores >= best - 1e-9))
+        return allocation_at(cluster, req, node, int(pick[node]), float(scores[node]),
+                             self._score_cache.positions(cluster, node))
+
+    def _place_uncached(self, cluster: Cluster, req: PodRequest) -> Allocation | Unfit:
         reason = never_fits(cluster, req)
         if reason is not None:
             return Unfit(reason, resolvable=False)
@@ -303,14 +349,19 @@ def mig_preference(cluster: Cluster, cand: Candidates) -> np.ndarray:
     )
 
 
-def make_allocation(cluster: Cluster, req: PodRequest, cand: Candidates, k: int, score: float) -> Allocation:
-    n = int(cand.node[k])
-    node_id = cluster.node_ids[n]
-    common = {"node_id": node_id, "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib, "score": score}
+def allocation_at(cluster: Cluster, req: PodRequest, n: int, gpu: int, score: float,
+                  positions: list[GpuPosition] | None = None) -> Allocation:
+    """The allocation of a whole, share or CPU-only request on node ``n`` (``gpu``: the share's GPU)."""
+    common = {"node_id": cluster.node_ids[n], "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib,
+              "score": score}
     if req.kind == "whole":
-        free = np.flatnonzero(whole_free(cluster, req)[n])
-        gpus = pick_gpus([int(g) for g in free], [cluster.position(n, int(g)) for g in range(cluster.ngpu[n])],
-                         req.gpu_count)
+        row = (cluster.gpu_exists[n] & ~cluster.mig_enabled[n] & (cluster.milli_free[n] == MILLI)
+               & (cluster.gpu_mem_free[n] == cluster.gpu_mem_cap[n]))
+        if req.gpu_models:
+            row &= np.isin(cluster.gpu_model[n], [cluster.model_id(m) for m in req.gpu_models])
+        if positions is None:
+            positions = [cluster.position(n, g) for g in range(cluster.ngpu[n])]
+        gpus = pick_gpus([int(g) for g in np.flatnonzero(row)], positions, req.gpu_count)
         return Allocation(
             gpu_indices=gpus,
             gpu_milli=(MILLI,) * len(gpus),
@@ -318,20 +369,26 @@ def make_allocation(cluster: Cluster, req: PodRequest, cand: Candidates, k: int,
             **common,
         )
     if req.kind == "share":
-        g = int(cand.gpu[k])
-        return Allocation(gpu_indices=(g,), gpu_milli=(req.gpu_milli,), gpu_mem_mib=(req.gpu_mem_mib,), **common)
-    if req.kind == "mig":
-        assert cand.mig_start is not None and cand.mig_existing is not None
-        g, start = int(cand.gpu[k]), int(cand.mig_start[k])
-        opts = {s: d for s, _, d in mig_options(cluster, n, g, req.mig_profile or "")}
-        existing = bool(cand.mig_existing[k])
-        mig = MigAssignment(
-            gpu_index=g,
-            profile=req.mig_profile or "",
-            start=start,
-            repartition=not existing,
-            destroyed=() if existing else opts[start],
-            enables_mig=not bool(cluster.mig_enabled[n, g]),
-        )
-        return Allocation(mig=mig, **common)
+        return Allocation(gpu_indices=(gpu,), gpu_milli=(req.gpu_milli,), gpu_mem_mib=(req.gpu_mem_mib,), **common)
     return Allocation(**common)
+
+
+def make_allocation(cluster: Cluster, req: PodRequest, cand: Candidates, k: int, score: float) -> Allocation:
+    n = int(cand.node[k])
+    if req.kind != "mig":
+        return allocation_at(cluster, req, n, int(cand.gpu[k]), score)
+    node_id = cluster.node_ids[n]
+    common = {"node_id": node_id, "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib, "score": score}
+    assert cand.mig_start is not None and cand.mig_existing is not None
+    g, start = int(cand.gpu[k]), int(cand.mig_start[k])
+    opts = {s: d for s, _, d in mig_options(cluster, n, g, req.mig_profile or "")}
+    existing = bool(cand.mig_existing[k])
+    mig = MigAssignment(
+        gpu_index=g,
+        profile=req.mig_profile or "",
+        start=start,
+        repartition=not existing,
+        destroyed=() if existing else opts[start],
+        enables_mig=not bool(cluster.mig_enabled[n, g]),
+    )
+    return Allocation(mig=mig, **common)

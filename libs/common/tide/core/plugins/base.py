@@ -7,6 +7,7 @@ higher is better; the placer combines them with the policy's weights and selects
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,6 +44,8 @@ class Context:
     rng: np.random.Generator
     frag: FragModel | None = None
     frag_capacity: FragModel | None = None
+    before_frag: Callable[[FragModel, np.ndarray], np.ndarray] | None = None
+    """(model, node indices) -> fragmentation of those nodes now; a cache may provide it"""
     _cache: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -65,8 +68,11 @@ class Context:
             else:
                 c, cand = self.cluster, self.cand
                 nodes, inverse = np.unique(cand.node, return_inverse=True)
-                before = model.frag(c.milli_free[nodes], c.cpu_free[nodes], c.node_model[nodes])
-                after = model.frag(cand.free_after, cand.cpu_after, c.node_model[cand.node])
+                if self.before_frag is not None:
+                    before = self.before_frag(model, nodes)
+                else:
+                    before = model.frag_states(c.milli_free[nodes], c.cpu_free[nodes], c.node_model[nodes])
+                after = model.frag_states(cand.free_after, cand.cpu_after, c.node_model[cand.node])
                 arr = after - before[inverse]
             self._cache[name] = arr
         return arr
@@ -80,6 +86,9 @@ class Context:
 
 class ScorePlugin(Protocol):
     name: str
+    node_local: bool
+    """True when a candidate's score depends only on its own node's state, the request and static
+    cluster facts (never on other nodes or randomness): the placer may then cache it per node."""
 
     def score(self, ctx: Context) -> np.ndarray:
         """One score per candidate; higher is better."""

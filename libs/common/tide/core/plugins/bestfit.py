@@ -19,6 +19,7 @@ def bestfit_raw(ctx: Context) -> np.ndarray:
 
 class BestFitScore:
     name = "bestfit"
+    node_local = True
 
     def __init__(self, quantize: bool = True):
         self.quantize = quantize
@@ -32,6 +33,7 @@ class WorstFitScore:
     """Worst-fit / spread: the opposite of best-fit (keeps load even, leaves holes everywhere)."""
 
     name = "worstfit"
+    node_local = True
 
     def score(self, ctx: Context) -> np.ndarray:
         return 100.0 - bestfit_raw(ctx)

@@ -9,6 +9,7 @@ from tide.core.plugins.base import Context
 
 class DotProductScore:
     name = "dotproduct"
+    node_local = True
 
     def score(self, ctx: Context) -> np.ndarray:
         req = ctx.request

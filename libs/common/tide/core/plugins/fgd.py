@@ -13,6 +13,7 @@ from tide.core.plugins.base import Context
 
 class FgdScore:
     name = "fgd"
+    node_local = True
 
     def __init__(self, quantize: bool = True):
         self.quantize = quantize

@@ -13,6 +13,7 @@ from tide.core.plugins.base import Context
 
 class GpuPackingScore:
     name = "gpupacking"
+    node_local = True
 
     def score(self, ctx: Context) -> np.ndarray:
         cand, before = ctx.cand, ctx.free_before

@@ -17,6 +17,7 @@ from tide.core.plugins.bestfit import bestfit_raw
 
 class TideFragScore:
     name = "tide_frag"
+    node_local = True
 
     def __init__(
         self, fgd_weight: float = 1.0, capacity_weight: float = 1.0, fit_weight: float = 0.0, quantum: float = 100.0,

@@ -9,6 +9,7 @@ from tide.core.topology import Level, span
 
 class TopologyScore:
     name = "topology"
+    node_local = True
 
     def score(self, ctx: Context) -> np.ndarray:
         cand = ctx.cand

@@ -1,0 +1,246 @@
+"""Per-node score caching for the placer: only nodes whose state changed are re-scored.
+
+Every score plugin but ``random`` scores a candidate from its own node's state alone (plus static
+cluster facts such as the largest node), so the best candidate of a node for a given request stays
+the same until that node changes. ``NodeScoreCache`` keeps, per request shape, each node's best score
+and the GPU of its best candidate, stamped with the node's ``Cluster.node_stamp``; only nodes whose
+stamp differs are re-scored, through the same filter, candidate and plugin code as the uncached placer,
+so the cached placer makes the same decisions (``tests/core/test_score_cache.py``). The fragmentation
+of each node's current state ("before" a placement) is cached the same way, across request shapes.
+
+Keyed safely:
+- ``Cluster.allocate``/``release`` give the node a stamp unique in the process, so equal stamps mean
+  equal node states in any two clusters sharing static arrays (a what-if copy and its original);
+- a cluster with other static arrays (e.g. rebuilt from the same descriptions and claims every cycle)
+  is compared by content with the last state seen: rows that match keep their cached scores, the rest
+  are re-scored; a cluster of another shape or other capacities resets the cache. The cache holds
+  references to the static arrays it compares by identity, so an identity cannot be reused;
+- the memory request does not change a node's scores, only whether it is feasible: it is left out of
+  the key and applied as a mask at decision time, so pods differing only in memory share an entry;
+- the cache is cleared when the weights, the typical-pod workload or the cluster's GPU models change.
+
+MIG requests (instances live in a dict the stamps do not describe) and policies with a plugin that is
+not node-local (``random``) take the uncached path.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from tide.core.cluster import Cluster
+from tide.core.frag import FragModel
+from tide.core.model import MILLI, PodRequest
+from tide.core.plugins.base import Candidates
+from tide.core.topology import GpuPosition
+
+_TOL = 1e-9  # the placer's tie tolerance
+_CACHE_BYTES = 32 << 20  # bound on the cached per-node arrays (entries are dropped least recently used)
+
+
+def request_key(req: PodRequest) -> tuple:
+    """What a node's scores depend on (everything but the memory request)."""
+    return (req.cpu_milli, req.gpu_count, req.gpu_milli, req.gpu_mem_mib, req.mig_profile, req.gpu_models,
+            req.node_selector)
+
+
+@dataclass
+class _Entry:
+    static_ok: np.ndarray  # [N] selector and allowed GPU model (static)
+    allowed: np.ndarray | None  # [N, G] GPUs of an allowed model (whole / share requests)
+    score: np.ndarray  # [N] best candidate score per node, -inf where none
+    pick: np.ndarray  # [N] GPU of the best candidate (shares), -1 otherwise
+    stamp: np.ndarray  # [N] node epoch the row was computed at, -1: never
+
+
+class NodeScoreCache:
+    """Per-request-shape, per-node best scores of one placer, re-scored only where nodes changed."""
+
+    def __init__(self) -> None:
+        self._static: tuple | None = None
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._before: dict[int, tuple[FragModel, np.ndarray, np.ndarray]] = {}
+        self._positions: dict[int, list[GpuPosition]] = {}
+        self._snap: dict[str, np.ndarray] = {}
+        self._stamp = np.zeros(0, dtype=np.int64)
+        self._max_entries = 16
+        self.rescored = 0  # node rows re-scored so far (for tests and benchmarks)
+
+    def clear(self) -> None:
+        """Forget every cached score (weights or workload changed)."""
+        self._entries.clear()
+        self._before.clear()
+
+    # ------------------------------------------------------------------ cluster tracking
+    _DYNAMIC = ("milli_free", "gpu_mem_free", "cpu_free", "mig_enabled")
+    _STATIC = ("gpu_exists", "gpu_model", "gpu_mem_cap", "cpu_cap", "mig_capable", "mig_described", "node_model",
+               "pcie", "numa", "nvlink")
+    _STATIC_LISTS = ("node_ids", "labels", "models", "racks", "spines")
+
+    def _sync(self, cluster: Cluster) -> np.ndarray:
+        """Track ``cluster``; returns its node stamps (what cached rows must match)."""
+        stamps = cluster.node_stamp
+        static = tuple(getattr(cluster, a) for a in self._STATIC + self._STATIC_LISTS)
+        if self._static is not None and all(a is b for a, b in zip(static, self._static, strict=True)):
+            dirty = np.flatnonzero(stamps != self._stamp)
+            if len(dirty):
+                for name in self._DYNAMIC:
+                    self._snap[name][dirty] = getattr(cluster, name)[dirty]
+                self._stamp[dirty] = stamps[dirty]
+            return stamps
+        if self._static is not None and self._same_static(static):
+            # another cluster object of the same make-up: keep the rows whose state is unchanged
+            same = np.ones(len(stamps), dtype=bool)
+            for name in self._DYNAMIC:
+                new, old = getattr(cluster, name), self._snap[name]
+                same &= (new == old).reshape(len(stamps), -1).all(axis=1)
+            for stamp in [e.stamp for e in self._entries.values()] + [b[2] for b in self._before.values()]:
+                keep = same & (stamp == self._stamp)
+                stamp[:] = np.where(keep, stamps, -1)
+        else:
+            self._entries.clear()
+            self._before.clear()
+            self._max_entries = int(min(max(_CACHE_BYTES // (max(len(stamps), 1) * 40), 16), 4096))
+        self._positions.clear()
+        self._static = static
+        self._snap = {name: getattr(cluster, name).copy() for name in self._DYNAMIC}
+        self._stamp = stamps.copy()
+        return stamps
+
+    def _same_static(self, static: tuple) -> bool:
+        assert self._static is not None
+        n_arr = len(self._STATIC)
+        for k, (a, b) in enumerate(zip(static, self._static, strict=True)):
+            if a is b:
+                continue
+            if k < n_arr:
+                if a.shape != b.shape or not np.array_equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    def before_frag(self, cluster: Cluster, model: FragModel, nodes: np.ndarray) -> np.ndarray:
+        """``model``'s fragmentation of the current state of ``nodes``, cached per node stamp."""
+        rec = self._before.get(id(model))
+        if rec is None or rec[0] is not model:
+            n = cluster.num_nodes
+            rec = self._before[id(model)] = (model, np.zeros(n), np.full(n, -1, dtype=np.int64))
+        _, values, stamp = rec
+        stamps = cluster.node_stamp
+        stale = nodes[stamp[nodes] != stamps[nodes]]
+        if len(stale):
+            values[stale] = model.frag_states(cluster.milli_free[stale], cluster.cpu_free[stale],
+                                              cluster.node_model[stale])
+            stamp[stale] = stamps[stale]
+        return values[nodes]
+
+    def positions(self, cluster: Cluster, node: int) -> list[GpuPosition]:
+        pos = self._positions.get(node)
+        if pos is None:
+            pos = self._positions[node] = [cluster.position(node, g) for g in range(int(cluster.ngpu[node]))]
+        return pos
+
+    def _entry(self, cluster: Cluster, req: PodRequest) -> _Entry:
+        key = request_key(req)
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            return entry
+        from tide.core.filtering import allowed_gpus, selector_mask  # noqa: PLC0415 (import cycle)
+
+        n = cluster.num_nodes
+        ok = selector_mask(cluster, req) if req.node_selector else np.ones(n, dtype=bool)
+        allowed = None
+        if req.kind in ("whole", "share"):
+            allowed = allowed_gpus(cluster, req)
+            ok = ok & allowed.any(axis=1)
+        entry = _Entry(ok, allowed, np.full(n, -np.inf), np.full(n, -1, dtype=np.int64),
+                       np.full(n, -1, dtype=np.int64))
+        self._entries[key] = entry
+        while len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)
+        return entry
+
+    # ------------------------------------------------------------------ scoring
+    def node_scores(
+        self, cluster: Cluster, req: PodRequest, score: Callable[[Candidates], np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """([N] best score per node, -inf where the request does not fit; [N] GPU of that candidate).
+
+        ``score`` maps a batch of candidates to the policy's combined score. The memory request is
+        applied here; the arrays returned must not be modified.
+        """
+        stamps = self._sync(cluster)
+        entry = self._entry(cluster, req)
+        stale = np.flatnonzero(entry.stamp != stamps)
+        if len(stale):
+            self._rescore(cluster, req, entry, stale, score)
+        out = entry.score
+        if req.memory_mib:
+            out = np.where(cluster.mem_free >= req.memory_mib, out, -np.inf)
+        return out, entry.pick
+
+    def _rescore(self, cluster: Cluster, req: PodRequest, entry: _Entry, stale: np.ndarray,
+                 score: Callable[[Candidates], np.ndarray]) -> None:
+        self.rescored += len(stale)
+        entry.stamp[stale] = cluster.node_stamp[stale]
+        entry.score[stale] = -np.inf
+        entry.pick[stale] = -1
+        nodes = stale[entry.static_ok[stale] & (cluster.cpu_free[stale] >= req.cpu_milli)]
+        if len(nodes) == 0:
+            return
+        cand = subset_candidates(cluster, req, nodes, entry.allowed)
+        if len(cand) == 0:
+            return
+        total = score(cand)
+        node = cand.node
+        # candidates come grouped by node in node order; per node the best, ties as ``placer.select``
+        starts = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])
+        if len(starts) == len(node):
+            entry.score[node] = total
+            entry.pick[node] = cand.gpu
+            return
+        group = np.cumsum(np.r_[True, node[1:] != node[:-1]]) - 1
+        best = np.maximum.reduceat(total, starts)
+        tied = total >= best[group] - _TOL
+        g = np.maximum(cand.gpu, 0)
+        left = cluster.milli_free[node, g]
+        order = np.lexsort((g, left, ~tied, group))
+        first = order[np.searchsorted(group[order], np.arange(len(starts)))]
+        entry.score[node[first]] = total[first]
+        entry.pick[node[first]] = cand.gpu[first]
+
+
+def subset_candidates(cluster: Cluster, req: PodRequest, nodes: np.ndarray, allowed: np.ndarray | None) -> Candidates:
+    """``placer.build_candidates`` restricted to ``nodes`` (which passed the node filter), same order."""
+    from tide.core.placer import _cands  # noqa: PLC0415 (import cycle)
+
+    kind = req.kind
+    if kind == "whole":
+        assert allowed is not None
+        gmem = cluster.gpu_mem_free[nodes]
+        milli = cluster.milli_free[nodes]
+        full = allowed[nodes] & ~cluster.mig_enabled[nodes] & (milli == MILLI) & (gmem == cluster.gpu_mem_cap[nodes])
+        ok = full.sum(axis=1) >= req.gpu_count
+        nodes, f = nodes[ok], full[ok]
+        free_after = milli[ok]
+        free_after[f & (np.cumsum(f, axis=1) <= req.gpu_count)] = 0
+        return _cands(cluster, req, nodes, np.full(len(nodes), -1), free_after)
+    if kind == "share":
+        assert allowed is not None
+        milli = cluster.milli_free[nodes]
+        gmem = cluster.gpu_mem_free[nodes]
+        ok = allowed[nodes] & ~cluster.mig_enabled[nodes] & (milli >= req.gpu_milli) & (gmem >= req.gpu_mem_mib)
+        li, gi = np.nonzero(ok)
+        if len(li):
+            key = (li * (MILLI + 1) + milli[li, gi]) * (1 << 21) + np.minimum(gmem[li, gi], (1 << 21) - 1)
+            _, first = np.unique(key, return_index=True)
+            li, gi = li[first], gi[first]
+        free_after = milli[li]
+        free_after[np.arange(len(li)), gi] -= req.gpu_milli
+        return _cands(cluster, req, nodes[li], gi, free_after)
+    return _cands(cluster, req, nodes, np.full(len(nodes), -1), cluster.milli_free[nodes])
