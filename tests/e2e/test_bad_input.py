@@ -76,7 +76,7 @@ async def test_malformed_json_unknown_version_and_oversized_payloads(client: Tid
 UNSCHEDULABLE = [
     ("no-such-pool", {"nodeSelector": {"pool": "inference"}}, {"gpu": 1}, "no node matches selector pool=inference"),
     ("too-many-gpus", {}, {"gpu": 12}, "12 GPUs requested; the largest node has 8"),
-    ("gang-too-large", {"replicas": 3}, {"gpu": 8}, "gang of 3 pods x 8 GPUs: the whole cluster holds only 2"),
+    ("gang-too-large", {"replicas": 3}, {"gpu": 8}, "gang of 3 x 8 GPU can never fit"),
     ("no-such-model", {}, {"gpu": 1, "gpuModel": ["B200"]}, "has GPUs of model B200"),
 ]
 

@@ -39,7 +39,9 @@ async def collect_kinds(client: TideClient, job_id: str, until: str, timeout_s: 
 
 
 def pod_log(stack: Stack, node: str, job_id: str, pod: str) -> str:
-    return (Path(stack.home) / "agents" / node / job_id / f"{pod}.log").read_text()
+    """The pod's output (the agent names the log after the pod and its placement attempt)."""
+    [log] = (Path(stack.home) / "agents" / node / job_id).glob(f"{pod}.a*.log")
+    return log.read_text()
 
 
 async def run_to_success(client: TideClient, spec: dict, job_id: str) -> tuple[list[str], dict]:
@@ -169,5 +171,5 @@ async def test_a_jobs_path_is_traceable_by_its_id_in_every_services_json_logs(st
             if entry.get("job_id") == "traced-job":
                 seen.setdefault(entry["service"], set()).add(entry["event"])
     assert "job_queued" in seen["queue"]
-    assert {"job_placed", "job_running", "job_finished"} <= seen["placer"]
+    assert {"job_reserved", "gang_committed", "job_running", "job_finished"} <= seen["placer"]
     assert {"pod_started", "pod_exited"} <= seen["node-agent"]

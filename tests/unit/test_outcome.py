@@ -51,3 +51,11 @@ def test_cancelled_job_ends_when_its_last_pod_stops() -> None:
     r.cancel_requested = True
     assert mark_pod_exited(r, exited("j-0", -15, ExitReason.STOPPED)) == (None, ["j-1"])
     assert mark_pod_exited(r, exited("j-1", -15, ExitReason.STOPPED)) == (JobState.CANCELLED, [])
+
+
+def test_job_runs_when_the_last_pod_starts_even_if_another_already_finished() -> None:
+    r = record(2)
+    mark_pod_started(r, "j-0")
+    assert mark_pod_exited(r, exited("j-0", 0)) == (None, [])
+    assert mark_pod_started(r, "j-1") and r.state == JobState.RUNNING
+    assert mark_pod_exited(r, exited("j-1", 0)) == (JobState.SUCCEEDED, [])

@@ -8,11 +8,15 @@ from tide.schemas.events import POD_DONE_STATES, ExitReason, JobRecord, JobState
 
 
 def mark_pod_started(record: JobRecord, pod: str) -> bool:
-    """Mark a pod running; the job turns running when every pod of its gang runs. Returns the job turned."""
+    """Mark a pod running; the job turns running when every pod of its gang has started. Returns the job turned.
+
+    A short pod may already have exited when the last one starts: started means running or done.
+    """
     for p in record.pods:
         if p.name == pod and p.state in (PodState.PENDING, PodState.STARTING):
             p.state = PodState.RUNNING
-    if record.state == JobState.PENDING and all(p.state == PodState.RUNNING for p in record.pods):
+    started = all(p.state == PodState.RUNNING or p.state in POD_DONE_STATES for p in record.pods)
+    if record.state == JobState.PENDING and started:
         record.state = JobState.RUNNING
         record.reason = ""
         record.started_at = time.time()

@@ -1,16 +1,22 @@
 """The placer's one placement boundary: a job spec and the cluster in, pod allocations out.
 
-The decisions are the placement core's (``tide.core``); this module only turns a job into
-pod requests, places the gang all-or-nothing on a what-if copy, and turns allocations into
-the Redis claim items that make them stick.
+The decisions are the placement core's (``tide.core``): a single pod without topology needs goes
+through the policy placer (fragmentation-aware by default); a gang, or a pod with topology needs,
+goes through the topology-aware gang solver. This module turns a job into pod requests, places the
+gang all-or-nothing, explains why not, and turns allocations into the Redis claim items that make
+them stick.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 from tide.core import MILLI, Allocation, Cluster, Placer, PodRequest, Unfit, never_fits, profiles_for
-from tide.schemas.job import JobSpec
+from tide.core.gang import place_gang
+from tide.core.topology import Level
+from tide.schemas.job import JobSpec, PriorityClass
 from tide.schemas.node import NodeDescription
 
 MIG_SLICE_MILLI = MILLI // 7  # a MIG compute slice in milli-GPU, so a whole-GPU claim cannot overlap MIG
@@ -27,18 +33,47 @@ def pod_request(spec: JobSpec) -> PodRequest:
     return PodRequest.from_resources(tmpl.resources, tmpl.node_selector)
 
 
-def place_job(
-    placer: Placer, cluster: Cluster, spec: JobSpec, nodes: list[NodeDescription]
-) -> list[PodPlacement] | Unfit:
-    """Place the job's gang (``minMember`` pods) all together, or return why not. ``cluster`` is not changed.
+def _level(name: str | None) -> Level | None:
+    return Level.parse(name) if name else None
 
-    ``nodes`` describe the cluster; they are used to judge whether the gang could fit if it were empty.
+
+def is_preemptible(spec: JobSpec) -> bool:
+    return spec.metadata.priority_class == PriorityClass.BEST_EFFORT
+
+
+def place_job(
+    placer: Placer,
+    cluster: Cluster,
+    spec: JobSpec,
+    nodes: list[NodeDescription],
+    exclude: Iterable[str] = (),
+) -> list[PodPlacement] | Unfit:
+    """Place the job's gang (``minMember`` pods) all together, or say why not. ``cluster`` is not changed.
+
+    ``nodes`` describe the cluster (to judge whether the job could fit if it were empty);
+    ``exclude`` are nodes this job may not use now (failed to start it, or earmarked for a gang).
     """
     request = pod_request(spec)
-    gang = spec.spec.gang_size
     reason = never_fits(cluster, request)
     if reason is not None:
         return Unfit(reason, resolvable=False)
+    gang = spec.spec.gang_size
+    require, prefer = _level(spec.spec.topology.require), _level(spec.spec.topology.prefer)
+    exclude = set(exclude)
+    if request.kind == "mig" or (gang == 1 and require is None and prefer is None):
+        return _place_pods(placer, cordoned(cluster, exclude), request, gang, nodes)
+    plan = place_gang(cluster, request, gang, require=require, prefer=prefer, exclude=exclude)
+    if isinstance(plan, Unfit):
+        empty = place_gang(Cluster.from_descriptions(nodes), request, gang, require=require, prefer=prefer)
+        if isinstance(empty, Unfit):
+            return Unfit(f"gang of {gang} x {describe(request)} can never fit: {empty.reason} when empty", False)
+        return plan
+    return [PodPlacement(i, a) for i, a in enumerate(plan.allocations)]
+
+
+def _place_pods(
+    placer: Placer, cluster: Cluster, request: PodRequest, gang: int, nodes: list[NodeDescription]
+) -> list[PodPlacement] | Unfit:
     what_if = cluster.copy()
     placements: list[PodPlacement] = []
     for index in range(gang):
@@ -47,15 +82,25 @@ def place_job(
             if gang > 1:
                 capacity = gang_capacity(placer, Cluster.from_descriptions(nodes), request, gang)
                 if capacity < gang:
-                    return Unfit(
-                        f"gang of {gang} pods x {describe(request)}: the whole cluster holds only {capacity}",
-                        resolvable=False,
-                    )
+                    return Unfit(f"gang of {gang} x {describe(request)}: the whole cluster holds only {capacity}",
+                                 False)
                 return Unfit(f"{index}/{gang} pods of the gang fit now; waiting for capacity ({result.reason})")
             return result
         what_if.allocate(result)
         placements.append(PodPlacement(index, result))
     return placements
+
+
+def cordoned(cluster: Cluster, node_ids: set[str]) -> Cluster:
+    """A what-if copy on which ``node_ids`` take no new pod (their free CPU is taken)."""
+    if not node_ids:
+        return cluster
+    what_if = cluster.copy()
+    for node_id in node_ids:
+        i = what_if.index.get(node_id)
+        if i is not None and what_if.cpu_free[i] > 0:
+            what_if.allocate(Allocation(node_id=node_id, cpu_milli=int(what_if.cpu_free[i])))
+    return what_if
 
 
 def gang_capacity(placer: Placer, empty: Cluster, request: PodRequest, limit: int) -> int:
@@ -68,9 +113,34 @@ def gang_capacity(placer: Placer, empty: Cluster, request: PodRequest, limit: in
     return limit
 
 
+def earmark(cluster: Cluster, spec: JobSpec) -> list[str]:
+    """Nodes to keep for a blocked gang: the ones closest to free, until they could hold it all.
+
+    The backfill rule: while a gang at the head of the queue waits, jobs behind it may not start
+    on these nodes unless they are preemptible (best-effort), so the nodes drain and it can start.
+    """
+    request = pod_request(spec)
+    per_pod = max(request.gpu_count * MILLI + request.gpu_milli, 1)
+    need = spec.spec.gang_size * per_pod
+    usable = cluster.gpu_exists.copy()
+    if request.node_selector:
+        labels = [all(lab.get(k) == v for k, v in request.node_selector) for lab in cluster.labels]
+        usable &= np.array(labels)[:, None]
+    capacity = np.where(usable, MILLI, 0).sum(axis=1)
+    free = np.where(usable, cluster.milli_free, 0).sum(axis=1)
+    chosen: list[str] = []
+    held = 0
+    for i in sorted(np.flatnonzero(capacity > 0), key=lambda i: (-free[i], cluster.node_ids[i])):
+        chosen.append(cluster.node_ids[i])
+        held += int(capacity[i]) // per_pod * per_pod
+        if held >= need:
+            break
+    return chosen
+
+
 def describe(request: PodRequest) -> str:
     if request.kind == "whole":
-        return f"{request.gpu_count} GPUs"
+        return f"{request.gpu_count} GPU"
     if request.kind == "share":
         return f"{request.gpu_milli}m GPU share"
     if request.kind == "mig":

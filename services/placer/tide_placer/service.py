@@ -1,4 +1,12 @@
-"""The placer service: cluster state, placement, atomic claims, binding pods to node agents."""
+"""The placer service: cluster state, placement, gang reservation and commit, binding pods to agents.
+
+A cycle (on a kick, a pod exit, a registration, or every tick) does, in order:
+1. reconcile: release lapsed gang reservations and roll their jobs back; declare silent nodes lost;
+2. stop the pods of jobs being cancelled or failed;
+3. walk the pending jobs in admission order and place each gang whole, reserve it in Redis with a
+   TTL, start its pods, and commit once every agent acknowledged the start; a blocked gang at the
+   head earmarks nodes that the jobs behind it may not take (the backfill rule, see ``earmark``).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.core import DEFAULT_POLICY, Allocation, Cluster, OversubscriptionError, Placer, Unfit
+from tide.core.queue_order import pending_score
 from tide.events import publish_job_event
 from tide.schemas.events import (
     NODE_STATUS,
@@ -30,6 +39,8 @@ from tide.schemas.events import (
     StartPod,
     StopPod,
     Telemetry,
+    agent_pod_id,
+    parse_agent_pod_id,
 )
 from tide.schemas.node import NodeDescription
 from tide.settings import Settings
@@ -40,20 +51,22 @@ from tide.store.redis import connect_redis
 from tide.tracing import job_span
 
 from tide_placer.outcome import mark_pod_exited, mark_pod_started
-from tide_placer.placement import PodPlacement, claim_items, place_job, pod_request
+from tide_placer.placement import PodPlacement, claim_items, earmark, is_preemptible, place_job, pod_request
 
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.placer")
+PLACEABLE = (JobState.PENDING, JobState.UNSCHEDULABLE)
 
 
 class PlacerService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.last_seen: dict[str, float] = {}
+        self.started_at = time.time()
         self._kick = asyncio.Event()
+        self._cycle_lock = asyncio.Lock()
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
-        self._cycle_lock = asyncio.Lock()
 
     async def start(self) -> None:
         self.nc = await connect(self.settings, "tide-placer")
@@ -85,20 +98,18 @@ class PlacerService:
             t = Telemetry.model_validate_json(msg.data)
         except ValueError:
             return
-        self.last_seen[t.node_id] = time.time()
+        if msg.subject == subjects.telemetry(t.node_id):
+            self.last_seen[t.node_id] = time.time()
 
     async def _cycle_loop(self, stop: asyncio.Event) -> None:
-        async def wait_and_cycle() -> None:
-            try:
-                await asyncio.wait_for(self._kick.wait(), timeout=self.settings.placer_tick_s)
-            except TimeoutError:
-                pass
-            self._kick.clear()
-            await self.cycle()
-
         while not stop.is_set():
             try:
-                await wait_and_cycle()
+                try:
+                    await asyncio.wait_for(self._kick.wait(), timeout=self.settings.placer_tick_s)
+                except TimeoutError:
+                    pass
+                self._kick.clear()
+                await self.cycle()
             except Exception as exc:
                 log.exception("cycle_failed", error=repr(exc))
                 await asyncio.sleep(0.5)
@@ -106,8 +117,17 @@ class PlacerService:
     # ------------------------------------------------------------ the scheduling cycle
     async def cycle(self) -> None:
         async with self._cycle_lock:
+            await self._reconcile()
             await self._process_stop_requests()
             await self._place_pending()
+
+    async def _reconcile(self) -> None:
+        for resv in await self.claims.expire():
+            job_id, _, attempt = resv.rpartition(":")
+            record = await self.jobs.get(job_id)
+            if record is not None and record.reservation == resv:
+                await self._rollback(job_id, int(attempt), "gang reservation lapsed before every pod started")
+        await self._detect_lost_nodes()
 
     async def load_cluster(self) -> tuple[list[NodeDescription], Cluster]:
         """The cluster as Redis holds it: registered nodes minus every claim."""
@@ -127,17 +147,26 @@ class PlacerService:
         nodes, cluster = await self.load_cluster()
         if not nodes:
             return
+        lost = set(await self.redis.smembers(keys.LOST_NODES))
+        earmarked: list[str] = []
+        now = time.time()
         for job_id in pending:
             record = await self.jobs.get(job_id)
-            if record is None or record.state in TERMINAL_STATES or record.cancel_requested:
+            if record is None or record.state not in PLACEABLE or record.cancel_requested:
                 await self.jobs.dequeue(job_id)
                 continue
-            if record.state not in (JobState.PENDING, JobState.UNSCHEDULABLE):
-                await self.jobs.dequeue(job_id)
+            if record.not_before > now:
                 continue
-            result = place_job(self.placer, cluster, record.spec, nodes)
+            exclude = lost | set(record.avoid_nodes)
+            if not is_preemptible(record.spec):
+                exclude |= set(earmarked)
+            result = place_job(self.placer, cluster, record.spec, nodes, exclude)
             if isinstance(result, Unfit):
-                await self._not_placed(record, result)
+                reason = result.reason
+                if result.resolvable and not earmarked and record.spec.spec.gang_size > 1:
+                    earmarked = earmark(cluster, record.spec)
+                    reason += f"; earmarked {len(earmarked)} node(s) so it is not starved"
+                await self._not_placed(record, Unfit(reason, result.resolvable))
                 continue
             with job_span(tracer, "placer.bind", job_id, pods=len(result)):
                 bound = await self._bind(record, result, nodes)
@@ -154,7 +183,7 @@ class PlacerService:
             return
 
         def change(r: JobRecord) -> bool:
-            if r.state not in (JobState.PENDING, JobState.UNSCHEDULABLE) or r.cancel_requested:
+            if r.state not in PLACEABLE or r.cancel_requested or r.reservation:
                 return False
             r.state, r.reason = state, unfit.reason
             return True
@@ -164,12 +193,15 @@ class PlacerService:
             log.info("job_unschedulable", job_id=record.job_id, reason=unfit.reason)
             await publish_job_event(self.js, updated, "unschedulable")
 
+    # ------------------------------------------------------------ reserve -> start -> commit
     async def _bind(self, record: JobRecord, placements: list[PodPlacement], nodes: list[NodeDescription]) -> bool:
-        """Claim every pod's slots atomically, then start each pod on its node.
+        """Reserve every pod's slots in one atomic step, start the pods, commit when all acknowledged.
 
-        Returns True when the claims were taken (the cluster view must then include them).
+        Returns True when the reservation was taken (the cluster view must then include it).
         """
         job_id = record.job_id
+        attempt = record.attempts + 1
+        resv = f"{job_id}:{attempt}"
         by_id = {n.node_id: n for n in nodes}
         assignments = {p.pod_index: gpu_assignments(by_id[p.alloc.node_id], p.alloc) for p in placements}
         claims = [
@@ -182,16 +214,16 @@ class PlacerService:
             )
             for p in placements
         ]
-        ok, why = await self.claims.claim(claims)
+        ttl_ms = int(self.settings.reservation_ttl_s * 1000)
+        ok, why = await self.claims.reserve(claims, resv, ttl_ms)
         if not ok:
-            log.info("claim_lost", job_id=job_id, reason=why)
+            log.info("reserve_lost", job_id=job_id, reason=why)
             return False
-        attempt = record.attempts + 1
 
         def assign(r: JobRecord) -> bool:
-            if r.state not in (JobState.PENDING, JobState.UNSCHEDULABLE) or r.cancel_requested:
+            if r.state not in PLACEABLE or r.cancel_requested or r.attempts != attempt - 1:
                 return False
-            r.state, r.reason, r.attempts = JobState.PENDING, "starting", attempt
+            r.state, r.reason, r.attempts, r.reservation = JobState.PENDING, "starting", attempt, resv
             for p in placements:
                 pod = r.pods[p.pod_index]
                 pod.node, pod.state = p.alloc.node_id, PodState.STARTING
@@ -200,41 +232,50 @@ class PlacerService:
             return True
 
         updated = await self.jobs.update(job_id, assign)
-        if updated is None:  # cancelled meanwhile
-            await self.claims.release([c.key for c in claims])
+        if updated is None:  # cancelled, or another placer got there first
+            await self.claims.release([c.key for c in claims], resv)
             return False
         await self.jobs.dequeue(job_id)
-        log.info("job_placed", job_id=job_id, nodes=sorted({p.alloc.node_id for p in placements}))
-        await publish_job_event(
-            self.js, updated, "placed", wait_s=time.time() - updated.submitted_at, reason="placed"
-        )
+        log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}))
+        await publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at, reason="placed")
+        if self.settings.fault_pause_after_reserve_s:
+            await asyncio.sleep(self.settings.fault_pause_after_reserve_s)
         tmpl = updated.spec.spec.template
         share = tmpl.resources.gpu_share
-        results = await asyncio.gather(
-            *[
-                self._send(
-                    p.alloc.node_id,
-                    StartPod(
-                        event_id=f"{job_id}.{updated.pods[p.pod_index].name}.start.{attempt}",
-                        job_id=job_id,
-                        pod=updated.pods[p.pod_index].name,
-                        pod_index=p.pod_index,
-                        world_size=len(placements),
-                        command=tmpl.command,
-                        env=tmpl.env,
-                        gpus=assignments[p.pod_index],
-                        share_sm_percent=share.sm_percent if share else None,
-                        share_memory_mib=share.memory_mib if share else None,
-                        cpu_milli=p.alloc.cpu_milli,
-                        memory_mib=p.alloc.memory_mib,
-                    ),
-                )
-                for p in placements
-            ]
-        )
-        failures = [f"{p.alloc.node_id}: {err}" for p, err in zip(placements, results, strict=True) if err]
-        if failures:
-            await self._rollback(job_id, "; ".join(failures))
+        results = await asyncio.gather(*[
+            self._send(p.alloc.node_id, StartPod(
+                event_id=f"{resv}.{p.pod_index}.start",
+                job_id=job_id,
+                pod=agent_pod_id(updated.pods[p.pod_index].name, attempt),
+                pod_index=p.pod_index,
+                world_size=len(placements),
+                command=tmpl.command,
+                env=tmpl.env,
+                gpus=assignments[p.pod_index],
+                share_sm_percent=share.sm_percent if share else None,
+                share_memory_mib=share.memory_mib if share else None,
+                cpu_milli=p.alloc.cpu_milli,
+                memory_mib=p.alloc.memory_mib,
+            ))
+            for p in placements
+        ])
+        bad = sorted({p.alloc.node_id for p, err in zip(placements, results, strict=True) if err})
+        if bad:
+            errors = "; ".join(f"{p.alloc.node_id}: {e}" for p, e in zip(placements, results, strict=True) if e)
+            await self._rollback(job_id, attempt, f"start failed on {errors}", bad_nodes=bad)
+            return True
+        if not await self.claims.commit(resv):
+            await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
+            return True
+
+        def committed(r: JobRecord) -> bool:
+            if r.reservation != resv:
+                return False
+            r.reservation, r.avoid_nodes = None, []
+            return True
+
+        await self.jobs.update(job_id, committed)
+        log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements))
         return True
 
     async def _send(self, node_id: str, command: StartPod | StopPod) -> str:
@@ -248,28 +289,42 @@ class PlacerService:
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             return f"no acknowledgement ({type(exc).__name__})"
 
-    async def _rollback(self, job_id: str, why: str) -> None:
-        """A pod could not be started: stop the ones that did, release every claim, requeue."""
-        log.warning("job_rollback", job_id=job_id, reason=why)
+    async def _rollback(self, job_id: str, attempt: int, why: str, bad_nodes: list[str] | None = None) -> None:
+        """Undo an attempt whole: stop its live pods, release every claim, requeue with backoff."""
         record = await self.jobs.get(job_id)
-        if record is None:
+        if record is None or record.attempts != attempt or record.state in TERMINAL_STATES:
             return
-        for pod in record.pods:
-            if pod.node and pod.state not in POD_DONE_STATES:
-                await self._send(pod.node, StopPod(job_id=job_id, pod=pod.name, grace_s=0, reason="rollback"))
-        await self.claims.release([keys.claim(job_id, p.name) for p in record.pods])
+        log.warning("job_rollback", job_id=job_id, attempt=attempt, reason=why, bad_nodes=bad_nodes or [])
+        skip = set(bad_nodes or [])
+        await asyncio.gather(*[
+            self._send(pod.node, StopPod(job_id=job_id, pod=agent_pod_id(pod.name, attempt), grace_s=0,
+                                         reason="rollback"))
+            for pod in record.pods
+            if pod.node and pod.node not in skip and pod.state not in POD_DONE_STATES
+        ])
+        await self.claims.release([keys.claim(job_id, p.name) for p in record.pods], record.reservation or "")
+        backoff = self.settings.requeue_backoff_s * 2 ** min(attempt - 1, 6)
 
         def back_to_pending(r: JobRecord) -> bool:
-            r.state, r.reason = JobState.PENDING, f"start failed, requeued: {why}"
+            if r.attempts != attempt or r.state in TERMINAL_STATES:
+                return False
+            r.state, r.reason, r.reservation = JobState.PENDING, f"requeued: {why}", None
+            r.not_before = time.time() + backoff
+            r.avoid_nodes = sorted(set(r.avoid_nodes) | skip)
             for p in r.pods:
-                p.node, p.gpus, p.state, p.exit_code = None, [], PodState.PENDING, None
+                p.node, p.gpus, p.state, p.exit_code, p.reason = None, [], PodState.PENDING, None, None
             return True
 
         updated = await self.jobs.update(job_id, back_to_pending)
-        if updated is not None:
-            await self.jobs.requeue(job_id, updated.submitted_at)
-            await publish_job_event(self.js, updated, "requeued")
+        if updated is None:
+            return
+        if updated.cancel_requested:
+            await self._finish_cancel(job_id)
+            return
+        await self.jobs.requeue(job_id, pending_score_of(updated))
+        await publish_job_event(self.js, updated, "requeued")
 
+    # ------------------------------------------------------------ stopping
     async def _process_stop_requests(self) -> None:
         for job_id in await self.jobs.stop_requests():
             record = await self.jobs.get(job_id)
@@ -284,11 +339,13 @@ class PlacerService:
                 continue
             grace = record.spec.spec.grace_period_s
             for pod in live:
-                err = await self._send(pod.node or "", StopPod(job_id=job_id, pod=pod.name, grace_s=grace,
-                                                                reason=record.reason or "stop"))
+                err = await self._send(pod.node or "", StopPod(
+                    job_id=job_id, pod=agent_pod_id(pod.name, record.attempts), grace_s=grace,
+                    reason=record.reason or "stop"))
                 if err:  # the node is gone: the pod is as good as stopped
-                    await self._pod_exited(PodExited(node_id=pod.node or "", job_id=job_id, pod=pod.name,
-                                                     exit_code=None, reason=ExitReason.LOST, message=err))
+                    await self._pod_exited(PodExited(
+                        node_id=pod.node or "", job_id=job_id, pod=agent_pod_id(pod.name, record.attempts),
+                        exit_code=None, reason=ExitReason.STOPPED, message=err))
 
     async def _finish_cancel(self, job_id: str) -> None:
         def cancel(r: JobRecord) -> bool:
@@ -326,45 +383,83 @@ class PlacerService:
     async def _node_registered(self, reg: NodeRegistered) -> None:
         node = reg.node
         await self.claims.set_capacity(node)
+        await self.redis.srem(keys.LOST_NODES, node.node_id)
         self.last_seen[node.node_id] = time.time()
         log.info("node_registered", node_id=node.node_id, gpus=len(node.gpus), running=len(reg.running_pods))
         # Pods we placed on this node that the (restarted) agent no longer runs are lost.
         running = set(reg.running_pods)
+        for job_id, pod, attempt in await self._pods_on(node.node_id):
+            if f"{job_id}/{agent_pod_id(pod, attempt)}" not in running:
+                await self._pod_exited(PodExited(
+                    node_id=node.node_id, job_id=job_id, pod=agent_pod_id(pod, attempt), exit_code=None,
+                    reason=ExitReason.LOST, message="node agent restarted without it"))
+        self._kick.set()
+
+    async def _pods_on(self, node_id: str) -> list[tuple[str, str, int]]:
+        """(job, pod, attempt) of the started pods the placer holds on a node."""
+        out = []
         for claim_key, alloc in (await self.claims.all_claims()).items():
-            if alloc.get("node_id") != node.node_id:
+            if alloc.get("node_id") != node_id:
                 continue
             _, _, job_id, pod = claim_key.split(":", 3)
             record = await self.jobs.get(job_id)
-            if record is None:
+            pod_rec = next((p for p in record.pods if p.name == pod), None) if record else None
+            if record and pod_rec and pod_rec.state == PodState.RUNNING:
+                out.append((job_id, pod, record.attempts))
+        return out
+
+    async def _detect_lost_nodes(self) -> None:
+        """A node whose heartbeats stopped is lost: its pods' jobs are requeued whole."""
+        now = time.time()
+        window = self.settings.node_lost_after_s
+        if now - self.started_at < window:
+            return
+        for node_id in await self.redis.smembers(keys.NODES):
+            seen = self.last_seen.setdefault(node_id, self.started_at)
+            if now - seen < window or await self.redis.sismember(keys.LOST_NODES, node_id):
                 continue
-            pod_rec = next((p for p in record.pods if p.name == pod), None)
-            if pod_rec and pod_rec.state == PodState.RUNNING and f"{job_id}/{pod}" not in running:
-                await self._pod_exited(PodExited(node_id=node.node_id, job_id=job_id, pod=pod, exit_code=None,
-                                                 reason=ExitReason.LOST, message="node agent restarted"))
-        self._kick.set()
+            log.warning("node_lost", node_id=node_id, silent_s=round(now - seen, 1))
+            await self.redis.sadd(keys.LOST_NODES, node_id)
+            for job_id, pod, attempt in await self._pods_on(node_id):
+                await self._pod_exited(PodExited(
+                    node_id=node_id, job_id=job_id, pod=agent_pod_id(pod, attempt), exit_code=None,
+                    reason=ExitReason.LOST, message=f"node {node_id} lost (no heartbeat for {window:.0f}s)"))
 
     async def _pod_started(self, started: PodStarted) -> None:
+        pod, attempt = parse_agent_pod_id(started.pod)
         turned: list[bool] = []
 
         def change(r: JobRecord) -> bool:
-            turned.append(mark_pod_started(r, started.pod))
+            if r.attempts != attempt:
+                return False
+            turned.append(mark_pod_started(r, pod))
             return True
 
         record = await self.jobs.update(started.job_id, change)
         if record is None:
             return
-        await publish_job_event(self.js, record, "pod-started", pod=started.pod, node=started.node_id,
+        await publish_job_event(self.js, record, "pod-started", pod=pod, node=started.node_id,
                                 state=record.state, reason="")
         if turned and turned[-1]:
             log.info("job_running", job_id=record.job_id)
             await publish_job_event(self.js, record, "running")
 
     async def _pod_exited(self, exited: PodExited) -> None:
-        await self.claims.release([keys.claim(exited.job_id, exited.pod)])
+        pod, attempt = parse_agent_pod_id(exited.pod)
+        record = await self.jobs.get(exited.job_id)
+        if record is None or record.attempts != attempt:
+            return  # a pod of an attempt already rolled back: its claims went with it
+        if exited.reason == ExitReason.LOST and not record.cancel_requested and record.state not in TERMINAL_STATES:
+            await self._rollback(exited.job_id, attempt, f"pod {pod} lost: {exited.message}", [exited.node_id])
+            return
+        await self.claims.release([keys.claim(exited.job_id, pod)])
         outcome: list[tuple[JobState | None, list[str]]] = []
+        named = exited.model_copy(update={"pod": pod})
 
         def change(r: JobRecord) -> bool:
-            outcome.append(mark_pod_exited(r, exited))
+            if r.attempts != attempt:
+                return False
+            outcome.append(mark_pod_exited(r, named))
             return True
 
         record = await self.jobs.update(exited.job_id, change)
@@ -372,7 +467,7 @@ class PlacerService:
         if record is None:
             return
         new_state, to_stop = outcome[-1]
-        await publish_job_event(self.js, record, "pod-exited", pod=exited.pod, node=exited.node_id,
+        await publish_job_event(self.js, record, "pod-exited", pod=pod, node=exited.node_id,
                                 exit_code=exited.exit_code, reason=exited.reason.value)
         if new_state is not None:
             log.info("job_finished", job_id=record.job_id, state=new_state, reason=record.reason)
@@ -383,6 +478,7 @@ class PlacerService:
     # ------------------------------------------------------------ API
     async def _api_nodes(self, msg: Msg) -> None:
         nodes = await self.claims.nodes()
+        lost = set(await self.redis.smembers(keys.LOST_NODES))
         now = time.time()
         out = []
         for n in nodes:
@@ -396,9 +492,14 @@ class PlacerService:
                 "gpus_used_milli": sum(used.get(f"g{g.index}.milli", 0) for g in n.gpus),
                 "cpu_used_milli": used.get("cpu", 0),
                 "cpu_milli": n.cpu_milli,
+                "lost": n.node_id in lost,
                 "last_seen_s": round(now - self.last_seen[n.node_id], 1) if n.node_id in self.last_seen else None,
             })
         await msg.respond(json.dumps({"nodes": out}).encode())
+
+
+def pending_score_of(record: JobRecord) -> float:
+    return pending_score(record.spec.metadata.priority_class, record.submitted_at)
 
 
 def gpu_assignments(node: NodeDescription, alloc: Allocation) -> list[GpuAssignment]:

@@ -11,6 +11,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
+from tide.core.queue_order import pending_score
 from tide.events import publish_job_event
 from tide.schemas.events import (
     TERMINAL_STATES,
@@ -28,7 +29,6 @@ from tide.store.jobs import JobStore
 from tide.store.redis import connect_redis
 from tide.tracing import job_span
 
-from tide_queue.ordering import pending_score
 from tide_queue.validation import parse_submission
 
 log = structlog.get_logger()
