@@ -103,6 +103,7 @@ class FragModel:
 
     def __init__(self, typical: TypicalPods, models: list[str]):
         self.typical = typical
+        self.models = tuple(models)
         t = len(typical.shapes)
         self.cpu = np.array([s.cpu_milli for s in typical.shapes], dtype=np.int64)
         self.count = np.array([s.gpu_count for s in typical.shapes], dtype=np.int64)
@@ -115,17 +116,27 @@ class FragModel:
         for k, s in enumerate(typical.shapes):
             ok[1:, k] = [not s.gpu_models or m in s.gpu_models for m in models] if models else []
         self.model_ok = ok
+        self._table: np.ndarray | None = None
+
+    def gpu_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-GPU terms by free milli-GPU (0..1000): [1001, 3K] copies per GPU (free // threshold), GPUs with
+        room (free >= threshold) and milli on them, per distinct threshold; and the columns [3T] for the
+        typical pods. Summed over a node's GPUs they give what ``frag`` needs in two array operations."""
+        if self._table is None:
+            f = np.arange(MILLI + 1, dtype=np.int64)[:, None]
+            thr = self.thresholds[None, :]
+            self._table = np.concatenate((f // thr, f >= thr, f * (f >= thr)), axis=1)
+            k, t_k = len(self.thresholds), self.t_k
+            self._table_cols = np.concatenate((t_k, k + t_k, 2 * k + t_k))
+        return self._table, self._table_cols
 
     def frag_states(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
         """``frag`` evaluated once per distinct node state (many nodes are alike: idle nodes of a type)."""
-        if len(cpu) < _DEDUPE_MIN:
+        d = distinct_states(free, cpu, model)
+        if d is None:
             return self.frag(free, cpu, model)
-        rows = np.ascontiguousarray(np.column_stack((free, cpu, model)).astype(np.int64, copy=False))
-        keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        if len(first) > 0.7 * len(cpu):
-            return self.frag(free, cpu, model)
-        return self.frag(free[first], cpu[first], model[first])[inverse.ravel()]
+        first, inverse = d
+        return self.frag(free[first], cpu[first], model[first])[inverse]
 
     def frag(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
         """Fragmented milli-GPU of each node state (frequency-weighted over typical pods)."""
@@ -166,3 +177,57 @@ class CapacityFragModel(FragModel):
         used = pods * (self.thresholds[self.t_k] * np.maximum(self.count, 1))[None, :]
         frag = total[:, None] - np.minimum(used, total[:, None])
         return (frag * self.weight).sum(axis=1)  # per row, so a state scores the same in any batch
+
+
+def distinct_states(free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(first row of each distinct state, inverse) when a large batch has few distinct states, else None."""
+    if len(cpu) < _DEDUPE_MIN:
+        return None
+    rows = np.ascontiguousarray(np.column_stack((free, cpu, model)).astype(np.int64, copy=False))
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    if len(first) > 0.7 * len(cpu):
+        return None
+    return first, inverse.ravel()
+
+
+def pairable(fgd: FragModel, cap: FragModel) -> bool:
+    """Whether ``frag_pair`` can evaluate the two models together."""
+    return (type(fgd) is FragModel and type(cap) is CapacityFragModel and cap.typical is fgd.typical
+            and cap.models == fgd.models)
+
+
+def frag_many(models: tuple[FragModel, ...], free: np.ndarray, cpu: np.ndarray, model: np.ndarray
+              ) -> tuple[np.ndarray, ...]:
+    """Each model's ``frag`` of the same states (a FGD + capacity pair in one pass)."""
+    if len(models) == 2 and pairable(*models):
+        return frag_pair(models[0], models[1], free, cpu, model)
+    return tuple(m.frag_states(free, cpu, model) for m in models)
+
+
+def frag_pair(fgd: FragModel, cap: FragModel, free: np.ndarray, cpu: np.ndarray, model: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``(fgd.frag(...), cap.frag(...))`` in one pass (both compiled from the same typical pods and
+    cluster models; ``cap`` a ``CapacityFragModel``): the same values, about half the work."""
+    d = distinct_states(free, cpu, model)
+    if d is not None:
+        first, inverse = d
+        a, b = frag_pair(fgd, cap, free[first], cpu[first], model[first])
+        return a[inverse], b[inverse]
+    total = free.sum(axis=1)
+    if len(fgd.weight) == 0:
+        return np.zeros(len(total)), np.zeros(len(total))
+    table, cols = fgd.gpu_table()
+    t = len(fgd.weight)
+    sums = table[free].sum(axis=1)[:, cols]  # S, 3T
+    slots, ge, usable = sums[:, :t], sums[:, t:2 * t], sums[:, 2 * t:]
+    ok = fgd.model_ok[model + 1] & fgd.is_gpu[None, :]
+    tot = total[:, None]
+    cpu = cpu[:, None]
+    fits = (ge >= fgd.count[None, :]) & (cpu >= fgd.cpu[None, :]) & ok
+    f1 = np.where(fits, tot - usable, tot)
+    pods = np.minimum(slots // np.maximum(cap.count, 1)[None, :], cpu // np.maximum(cap.cpu, 1)[None, :])
+    pods = np.where(ok, pods, 0)
+    used = pods * (cap.thresholds[cap.t_k] * np.maximum(cap.count, 1))[None, :]
+    f2 = tot - np.minimum(used, tot)
+    return (f1 * fgd.weight).sum(axis=1), (f2 * cap.weight).sum(axis=1)

@@ -25,6 +25,7 @@ not node-local (``random``) take the uncached path.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tide.core.cluster import Cluster
-from tide.core.frag import FragModel
+from tide.core.frag import FragModel, frag_many
 from tide.core.model import MILLI, PodRequest
 from tide.core.plugins.base import Candidates
 from tide.core.topology import GpuPosition
@@ -61,8 +62,9 @@ class NodeScoreCache:
 
     def __init__(self) -> None:
         self._static: tuple | None = None
+        self._cluster: Cluster | None = None  # the last cluster seen (its static arrays are self._static)
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
-        self._before: dict[int, tuple[FragModel, np.ndarray, np.ndarray]] = {}
+        self._before: dict[tuple, tuple[tuple[FragModel, ...], list[np.ndarray], np.ndarray]] = {}
         self._positions: dict[int, list[GpuPosition]] = {}
         self._snap: dict[str, np.ndarray] = {}
         self._stamp = np.zeros(0, dtype=np.int64)
@@ -83,8 +85,13 @@ class NodeScoreCache:
     def _sync(self, cluster: Cluster) -> np.ndarray:
         """Track ``cluster``; returns its node stamps (what cached rows must match)."""
         stamps = cluster.node_stamp
-        static = tuple(getattr(cluster, a) for a in self._STATIC + self._STATIC_LISTS)
-        if self._static is not None and all(a is b for a, b in zip(static, self._static, strict=True)):
+        if cluster is self._cluster:
+            static = self._static
+        else:
+            static = tuple(getattr(cluster, a) for a in self._STATIC + self._STATIC_LISTS)
+        if self._static is not None and (static is self._static or all(
+                a is b for a, b in zip(static, self._static, strict=True))):
+            self._cluster = cluster
             dirty = np.flatnonzero(stamps != self._stamp)
             if len(dirty):
                 for name in self._DYNAMIC:
@@ -106,6 +113,7 @@ class NodeScoreCache:
             self._max_entries = int(min(max(_CACHE_BYTES // (max(len(stamps), 1) * 40), 16), 4096))
         self._positions.clear()
         self._static = static
+        self._cluster = cluster
         self._snap = {name: getattr(cluster, name).copy() for name in self._DYNAMIC}
         self._stamp = stamps.copy()
         return stamps
@@ -123,20 +131,23 @@ class NodeScoreCache:
                 return False
         return True
 
-    def before_frag(self, cluster: Cluster, model: FragModel, nodes: np.ndarray) -> np.ndarray:
-        """``model``'s fragmentation of the current state of ``nodes``, cached per node stamp."""
-        rec = self._before.get(id(model))
-        if rec is None or rec[0] is not model:
+    def before_frag(self, cluster: Cluster, models: tuple[FragModel, ...], nodes: np.ndarray
+                    ) -> tuple[np.ndarray, ...]:
+        """Each model's fragmentation of the current state of ``nodes``, cached per node stamp."""
+        key = tuple(id(m) for m in models)
+        rec = self._before.get(key)
+        if rec is None or any(a is not b for a, b in zip(rec[0], models, strict=True)):
             n = cluster.num_nodes
-            rec = self._before[id(model)] = (model, np.zeros(n), np.full(n, -1, dtype=np.int64))
+            rec = self._before[key] = (models, [np.zeros(n) for _ in models], np.full(n, -1, dtype=np.int64))
         _, values, stamp = rec
         stamps = cluster.node_stamp
         stale = nodes[stamp[nodes] != stamps[nodes]]
         if len(stale):
-            values[stale] = model.frag_states(cluster.milli_free[stale], cluster.cpu_free[stale],
-                                              cluster.node_model[stale])
+            fresh = frag_many(models, cluster.milli_free[stale], cluster.cpu_free[stale], cluster.node_model[stale])
+            for v, f in zip(values, fresh, strict=True):
+                v[stale] = f
             stamp[stale] = stamps[stale]
-        return values[nodes]
+        return tuple(v[nodes] for v in values)
 
     def positions(self, cluster: Cluster, node: int) -> list[GpuPosition]:
         pos = self._positions.get(node)
@@ -215,6 +226,12 @@ class NodeScoreCache:
         entry.pick[node[first]] = cand.gpu[first]
 
 
+@functools.cache
+def _earlier(g: int) -> np.ndarray:
+    """[g, h]: GPU h comes before GPU g."""
+    return np.tri(g, g, -1, dtype=bool)
+
+
 def subset_candidates(cluster: Cluster, req: PodRequest, nodes: np.ndarray, allowed: np.ndarray | None) -> Candidates:
     """``placer.build_candidates`` restricted to ``nodes`` (which passed the node filter), same order."""
     from tide.core.placer import _cands  # noqa: PLC0415 (import cycle)
@@ -235,11 +252,10 @@ def subset_candidates(cluster: Cluster, req: PodRequest, nodes: np.ndarray, allo
         milli = cluster.milli_free[nodes]
         gmem = cluster.gpu_mem_free[nodes]
         ok = allowed[nodes] & ~cluster.mig_enabled[nodes] & (milli >= req.gpu_milli) & (gmem >= req.gpu_mem_mib)
-        li, gi = np.nonzero(ok)
-        if len(li):
-            key = (li * (MILLI + 1) + milli[li, gi]) * (1 << 21) + np.minimum(gmem[li, gi], (1 << 21) - 1)
-            _, first = np.unique(key, return_index=True)
-            li, gi = li[first], gi[first]
+        # one candidate per distinct (milli, memory) free state in a node: its lowest GPU, as np.unique does
+        state = np.where(ok, milli * (1 << 21) + np.minimum(gmem, (1 << 21) - 1), -1)
+        earlier_same = (state[:, :, None] == state[:, None, :]) & _earlier(state.shape[1])
+        li, gi = np.nonzero(ok & ~earlier_same.any(axis=2))
         free_after = milli[li]
         free_after[np.arange(len(li)), gi] -= req.gpu_milli
         return _cands(cluster, req, nodes[li], gi, free_after)

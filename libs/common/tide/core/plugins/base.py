@@ -12,18 +12,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+from tide.core.frag import FragModel, frag_many, frag_pair, pairable
 from tide.core.model import MILLI, PodRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from tide.core.cluster import Cluster
-    from tide.core.frag import FragModel
 
 
 @dataclass
 class Candidates:
     """A batch of C candidate placements for one request."""
 
-    node: np.ndarray  # [C] node index
+    node: np.ndarray  # [C] node index (candidates come grouped by node, in node order)
     gpu: np.ndarray  # [C] GPU index for shares/MIG, -1 otherwise
     free_after: np.ndarray  # [C, G] milli-GPU free per GPU after placing
     cpu_after: np.ndarray  # [C]
@@ -44,8 +44,8 @@ class Context:
     rng: np.random.Generator
     frag: FragModel | None = None
     frag_capacity: FragModel | None = None
-    before_frag: Callable[[FragModel, np.ndarray], np.ndarray] | None = None
-    """(model, node indices) -> fragmentation of those nodes now; a cache may provide it"""
+    before_frag: Callable[[tuple[FragModel, ...], np.ndarray], tuple[np.ndarray, ...]] | None = None
+    """(models, node indices) -> each model's fragmentation of those nodes now; a cache may provide it"""
     _cache: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -54,6 +54,26 @@ class Context:
         if arr is None:
             arr = self._cache["free_before"] = self.cluster.milli_free[self.cand.node]
         return arr
+
+    def _nodes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first candidate's node of each run of candidates on one node, index of each candidate's run).
+
+        The placer builds candidates grouped by node, so the runs are the distinct nodes (were they not,
+        a node would just appear in several runs: still correct)."""
+        arr = self._cache.get("nodes")
+        if arr is None:
+            node = self.cand.node
+            new = np.empty(len(node), dtype=bool)
+            new[:1] = True
+            np.not_equal(node[1:], node[:-1], out=new[1:])
+            self._cache["nodes"], self._cache["inverse"] = node[new], np.cumsum(new) - 1
+        return self._cache["nodes"], self._cache["inverse"]
+
+    def _before(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> tuple[np.ndarray, ...]:
+        if self.before_frag is not None:
+            return self.before_frag(models, nodes)
+        c = self.cluster
+        return frag_many(models, c.milli_free[nodes], c.cpu_free[nodes], c.node_model[nodes])
 
     def frag_delta(self, capacity: bool = False) -> np.ndarray:
         """Increase of fragmented milli-GPU per candidate (after - before); 0 without a workload.
@@ -67,15 +87,24 @@ class Context:
                 arr = np.zeros(len(self.cand))
             else:
                 c, cand = self.cluster, self.cand
-                nodes, inverse = np.unique(cand.node, return_inverse=True)
-                if self.before_frag is not None:
-                    before = self.before_frag(model, nodes)
-                else:
-                    before = model.frag_states(c.milli_free[nodes], c.cpu_free[nodes], c.node_model[nodes])
+                nodes, inverse = self._nodes()
                 after = model.frag_states(cand.free_after, cand.cpu_after, c.node_model[cand.node])
-                arr = after - before[inverse]
+                arr = after - self._before((model,), nodes)[0][inverse]
             self._cache[name] = arr
         return arr
+
+    def frag_deltas(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(frag_delta(), frag_delta(capacity=True))``, computed in one pass when possible."""
+        if "frag_delta" not in self._cache and "frag_delta_cap" not in self._cache:
+            fgd, cap = self.frag, self.frag_capacity
+            if fgd is not None and cap is not None and pairable(fgd, cap):
+                c, cand = self.cluster, self.cand
+                nodes, inverse = self._nodes()
+                a1, a2 = frag_pair(fgd, cap, cand.free_after, cand.cpu_after, c.node_model[cand.node])
+                b1, b2 = self._before((fgd, cap), nodes)
+                self._cache["frag_delta"] = a1 - b1[inverse]
+                self._cache["frag_delta_cap"] = a2 - b2[inverse]
+        return self.frag_delta(), self.frag_delta(capacity=True)
 
     def max_cpu(self) -> float:
         return float(max(self.cluster.cpu_cap.max(initial=1), 1))

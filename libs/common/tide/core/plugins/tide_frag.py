@@ -31,6 +31,8 @@ class TideFragScore:
 
     def score(self, ctx: Context) -> np.ndarray:
         out = np.zeros(len(ctx.cand))
+        if self.fgd_weight and self.capacity_weight:
+            ctx.frag_deltas()  # both in one pass
         if self.fgd_weight:
             out -= self.fgd_weight * ctx.frag_delta() / 10.0
         if self.capacity_weight:
