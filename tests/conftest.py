@@ -43,9 +43,9 @@ StackFactory = Callable[..., Stack]
 def make_stack(tmp_path: Path) -> Iterator[StackFactory]:
     stacks: list[Stack] = []
 
-    def make(nodes: list[NodeDescription] | None = None) -> Stack:
+    def make(nodes: list[NodeDescription] | None = None, **options: object) -> Stack:
         stack = Stack(tmp_path / f"home{len(stacks)}", nodes or [default_h100_node("node-0"),
-                                                                 default_h100_node("node-1")])
+                                                                 default_h100_node("node-1")], **options)
         stacks.append(stack)
         stack.start()
         return stack

@@ -13,8 +13,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -118,10 +121,21 @@ def cluster_nodes(nodes: int, node_file: Path | None) -> list[NodeDescription]:
 class Stack:
     """Starts and stops the whole stack; one instance per ``tide up``."""
 
-    def __init__(self, home: Path, nodes: list[NodeDescription], log_format: str = "json") -> None:
+    def __init__(
+        self,
+        home: Path,
+        nodes: list[NodeDescription],
+        log_format: str = "json",
+        placers: int = 1,
+        env: dict[str, dict[str, str]] | None = None,
+    ) -> None:
+        """``placers`` > 1 runs several placer processes (placer, placer-2, ...) on one cluster;
+        ``env`` adds environment variables per process name (e.g. settings for one service)."""
         self.home = home
         self.nodes = nodes
         self.log_format = log_format
+        self.services = ["queue", "metrics", "placer", *[f"placer-{i}" for i in range(2, placers + 1)]]
+        self.extra_env = env or {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.argv: dict[str, tuple[list[str], dict[str, str]]] = {}
         self.info: StackInfo | None = None
@@ -152,12 +166,14 @@ class Stack:
         try:
             self._start_servers(info, nats_port, redis_port)
             base = {"TIDE_LOG_FORMAT": self.log_format}
-            for name in SERVICES:
-                env = {**base, **info.env_for(name), "TIDE_READY_FILE": str(self.home / "run" / f"{name}.ready")}
+            for name in self.services:
+                user = service_user(name)
+                env = {**base, **info.env_for(user), "TIDE_READY_FILE": str(self.home / "run" / f"{name}.ready")}
                 if name == "metrics":
                     env["TIDE_METRICS_PORT"] = str(metrics_port)
-                self._spawn(name, [sys.executable, "-m", SERVICE_MODULES[name]], env)
-            self._wait_ready_files(SERVICES, timeout_s)
+                env.update(self.extra_env.get(name, {}))
+                self._spawn(name, [sys.executable, "-m", SERVICE_MODULES[user]], env)
+            self._wait_ready_files(tuple(self.services), timeout_s)
             for node_id in node_ids:
                 env = {
                     **base,
@@ -165,9 +181,10 @@ class Stack:
                     "TIDE_NODE_ID": node_id,
                     "TIDE_NODE_FILE": str(node_file),
                     "TIDE_WORK_DIR": str(self.home / "agents"),
+                    **self.extra_env.get(f"agent-{node_id}", {}),
                 }
                 self._spawn(f"agent-{node_id}", [sys.executable, "-m", "tide_node_agent"], env)
-            asyncio.run(wait_for_nodes(info, len(node_ids), timeout_s))
+            run_blocking(wait_for_nodes(info, len(node_ids), timeout_s))
         except BaseException:
             self.stop()
             raise
@@ -217,13 +234,13 @@ class Stack:
         proc.send_signal(sig)
         return proc.wait(timeout=timeout_s)
 
-    def restart(self, name: str, timeout_s: float = 30.0) -> None:
-        """Start a stopped process again with the same command and environment."""
-        argv, env = self.argv[name]
-        if name in SERVICES:
+    def restart(self, name: str, timeout_s: float = 30.0, env: dict[str, str] | None = None) -> None:
+        """Start a stopped process again with the same command and environment (plus ``env``)."""
+        argv, old_env = self.argv[name]
+        if name in self.services:
             (self.home / "run" / f"{name}.ready").unlink(missing_ok=True)
-        self._spawn(name, argv, env)
-        if name in SERVICES:
+        self._spawn(name, argv, {**old_env, **(env or {})})
+        if name in self.services:
             self._wait_ready_files((name,), timeout_s)
         if self.info is not None:
             self.info.pids[name] = self.procs[name].pid
@@ -242,11 +259,27 @@ class Stack:
             stack_json.unlink()
 
 
+def run_blocking(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine to completion from synchronous code, even inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coro)
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, coro).result()
+
+
+def service_user(name: str) -> str:
+    """The credentials a process uses: extra placers (placer-2, ...) are the placer."""
+    return name.split("-", 1)[0] if name.startswith("placer-") else name
+
+
 def stop_pids(pids: dict[str, int], grace_s: float = 10.0) -> None:
     """Stop agents and services first (they drain), then Redis and NATS."""
-    order = [n for n in pids if n.startswith("agent-")] + [n for n in SERVICES if n in pids] + [
-        n for n in ("redis", "nats") if n in pids
-    ]
+    servers = [n for n in ("redis", "nats") if n in pids]
+    order = [n for n in pids if n.startswith("agent-")] + [n for n in pids if n not in servers and
+                                                             not n.startswith("agent-")] + servers
     for group in (order[:-2], order[-2:]):
         for name in group:
             try:
