@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 from pathlib import Path
 
 from redis.asyncio import Redis
-
-from tests.helpers import job, small_node
 from tide.client import TideClient
 from tide.schemas.node import default_h100_node
-from tide.stack.launcher import Stack
 from tide.store import keys
+
+from tests.helpers import job, small_node
 
 
 def interval_pod(out_dir: Path, seconds: float) -> list[str]:
@@ -73,7 +71,7 @@ async def test_three_gangs_of_eight_on_sixteen_gpus_never_partial(make_stack, tm
         gangs.setdefault(r["pod"].rsplit("-", 1)[0], []).append(r)
     spans = {g: (min(r["start"] for r in rs), max(r["start"] for r in rs), min(r["end"] for r in rs),
                  max(r["end"] for r in rs)) for g, rs in gangs.items()}
-    for g, (first_start, last_start, first_end, _) in spans.items():
+    for g, (_first_start, last_start, first_end, _) in spans.items():
         assert last_start < first_end, f"{g}: a pod started after another had finished (partial gang)"
     # at most two gangs at any moment: the third started only after one of the first two ended
     order = sorted(spans.items(), key=lambda kv: kv[1][0])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import signal
 
-from tests.helpers import job, small_node
 from tide.client import TideClient
+
+from tests.helpers import job, small_node
 
 
 async def test_killed_agent_loses_its_node_and_the_gang_is_requeued_whole(make_stack) -> None:

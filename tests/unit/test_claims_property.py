@@ -9,10 +9,10 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
-
-from tests.helpers import small_node
 from tide.store import keys
 from tide.store.claims import ClaimItem, ClaimStore, PodClaim
+
+from tests.helpers import small_node
 
 NODES = ["n0", "n1", "n2"]
 GPUS = 2
@@ -38,7 +38,7 @@ async def check_invariants(redis: Redis) -> None:
         assert claim, f"index names a missing claim {claim_key}"
         # every claim belongs to exactly one live reservation or is committed
         assert claim["resv"] == "" or claim["resv"] in live_resv, claim_key
-        for cap_key, used_key, field, amount in json.loads(claim["items"]):
+        for _cap_key, used_key, field, amount in json.loads(claim["items"]):
             held[(used_key, field)] += int(amount)
     for resv in live_resv:
         members = json.loads(await redis.hget(keys.RESERVATION_PREFIX + resv, "claims"))
