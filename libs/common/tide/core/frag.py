@@ -117,6 +117,13 @@ class FragModel:
             ok[1:, k] = [not s.gpu_models or m in s.gpu_models for m in models] if models else []
         self.model_ok = ok
         self._table: np.ndarray | None = None
+        # row vectors used per evaluation
+        self.gpu_ok = ok & self.is_gpu[None, :]  # model_ok for GPU shapes only
+        self.count_row = self.count[None, :]
+        self.cpu_row = self.cpu[None, :]
+        self.count_div = np.maximum(self.count, 1)[None, :]
+        self.cpu_div = np.maximum(self.cpu, 1)[None, :]
+        self.unit = (self.thresholds[self.t_k] * np.maximum(self.count, 1))[None, :]  # milli one pod takes
 
     def gpu_table(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-GPU terms by free milli-GPU (0..1000): [1001, 3K] copies per GPU (free // threshold), GPUs with
@@ -221,13 +228,12 @@ def frag_pair(fgd: FragModel, cap: FragModel, free: np.ndarray, cpu: np.ndarray,
     t = len(fgd.weight)
     sums = table[free].sum(axis=1)[:, cols]  # S, 3T
     slots, ge, usable = sums[:, :t], sums[:, t:2 * t], sums[:, 2 * t:]
-    ok = fgd.model_ok[model + 1] & fgd.is_gpu[None, :]
+    ok = fgd.gpu_ok[model + 1]
     tot = total[:, None]
     cpu = cpu[:, None]
-    fits = (ge >= fgd.count[None, :]) & (cpu >= fgd.cpu[None, :]) & ok
+    fits = (ge >= fgd.count_row) & (cpu >= fgd.cpu_row) & ok
     f1 = np.where(fits, tot - usable, tot)
-    pods = np.minimum(slots // np.maximum(cap.count, 1)[None, :], cpu // np.maximum(cap.cpu, 1)[None, :])
-    pods = np.where(ok, pods, 0)
-    used = pods * (cap.thresholds[cap.t_k] * np.maximum(cap.count, 1))[None, :]
+    pods = np.minimum(slots // cap.count_div, cpu // cap.cpu_div)
+    used = np.where(ok, pods, 0) * cap.unit
     f2 = tot - np.minimum(used, tot)
     return (f1 * fgd.weight).sum(axis=1), (f2 * cap.weight).sum(axis=1)

@@ -153,13 +153,10 @@ class Placer:
         (the uncached path then explains why)."""
         assert self._score_cache is not None
         frag = self._frag_models(cluster)
-        cache = self._score_cache
-
-        def before(model: FragModel, nodes: np.ndarray) -> np.ndarray:
-            return cache.before_frag(cluster, model, nodes)
+        before = self._score_cache.before(cluster)
 
         def score(cand: Candidates) -> np.ndarray:
-            ctx = Context(cluster, req, cand, self.rng, *frag, before_frag=before)
+            ctx = Context(cluster, req, cand, self.rng, *frag, before_cache=before)
             total = np.zeros(len(cand))
             for name, plugin in self._plugins.items():
                 total += self.weights[name] * plugin.score(ctx)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tide.core.cluster import Cluster
-from tide.core.frag import FragModel, frag_many
+from tide.core.frag import FragModel
 from tide.core.model import MILLI, PodRequest
 from tide.core.plugins.base import Candidates
 from tide.core.topology import GpuPosition
@@ -131,23 +131,18 @@ class NodeScoreCache:
                 return False
         return True
 
-    def before_frag(self, cluster: Cluster, models: tuple[FragModel, ...], nodes: np.ndarray
-                    ) -> tuple[np.ndarray, ...]:
-        """Each model's fragmentation of the current state of ``nodes``, cached per node stamp."""
+    def before(self, cluster: Cluster) -> BeforeFrag:
+        """The cache of each node's current fragmentation (per model), for ``Context.before_cache``."""
+        return BeforeFrag(self, cluster)
+
+    def _before_record(self, cluster: Cluster, models: tuple[FragModel, ...]
+                       ) -> tuple[tuple[FragModel, ...], list[np.ndarray], np.ndarray]:
         key = tuple(id(m) for m in models)
         rec = self._before.get(key)
         if rec is None or any(a is not b for a, b in zip(rec[0], models, strict=True)):
             n = cluster.num_nodes
             rec = self._before[key] = (models, [np.zeros(n) for _ in models], np.full(n, -1, dtype=np.int64))
-        _, values, stamp = rec
-        stamps = cluster.node_stamp
-        stale = nodes[stamp[nodes] != stamps[nodes]]
-        if len(stale):
-            fresh = frag_many(models, cluster.milli_free[stale], cluster.cpu_free[stale], cluster.node_model[stale])
-            for v, f in zip(values, fresh, strict=True):
-                v[stale] = f
-            stamp[stale] = stamps[stale]
-        return tuple(v[nodes] for v in values)
+        return rec
 
     def positions(self, cluster: Cluster, node: int) -> list[GpuPosition]:
         pos = self._positions.get(node)
@@ -226,6 +221,30 @@ class NodeScoreCache:
         entry.pick[node[first]] = cand.gpu[first]
 
 
+class BeforeFrag:
+    """Each node's fragmentation in its current state, per fragmentation model, valid per node stamp.
+
+    ``Context`` asks which of its nodes are ``stale``, evaluates those together with its candidates
+    (one batch) and hands the values back with ``update``; ``get`` then reads them all."""
+
+    def __init__(self, cache: NodeScoreCache, cluster: Cluster):
+        self.cache, self.cluster = cache, cluster
+
+    def stale(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> np.ndarray:
+        _, _, stamp = self.cache._before_record(self.cluster, models)
+        return nodes[stamp[nodes] != self.cluster.node_stamp[nodes]]
+
+    def update(self, models: tuple[FragModel, ...], nodes: np.ndarray, values: tuple[np.ndarray, ...]) -> None:
+        _, arrays, stamp = self.cache._before_record(self.cluster, models)
+        for a, v in zip(arrays, values, strict=True):
+            a[nodes] = v
+        stamp[nodes] = self.cluster.node_stamp[nodes]
+
+    def get(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> tuple[np.ndarray, ...]:
+        _, arrays, _ = self.cache._before_record(self.cluster, models)
+        return tuple(a[nodes] for a in arrays)
+
+
 @functools.cache
 def _earlier(g: int) -> np.ndarray:
     """[g, h]: GPU h comes before GPU g."""
@@ -233,30 +252,38 @@ def _earlier(g: int) -> np.ndarray:
 
 
 def subset_candidates(cluster: Cluster, req: PodRequest, nodes: np.ndarray, allowed: np.ndarray | None) -> Candidates:
-    """``placer.build_candidates`` restricted to ``nodes`` (which passed the node filter), same order."""
+    """``placer.build_candidates`` restricted to ``nodes`` (which passed the node filter), grouped by node.
+
+    Leaner than the full version by the cluster's invariants: a GPU with all its milli-GPU free is
+    wholly free (every claim on a GPU takes at least 1 milli, a GPU in MIG mode has 0 milli free, and
+    padding GPUs have none), and a share needs milli-GPU free, so MIG and padding GPUs never qualify.
+    A node's shares are deduplicated by free milli-GPU alone (its lowest GPU of each): no node-local
+    score depends on GPU memory, so the best candidate per node is the same as the full placer's."""
     from tide.core.placer import _cands  # noqa: PLC0415 (import cycle)
 
     kind = req.kind
+    milli = cluster.milli_free[nodes]
     if kind == "whole":
-        assert allowed is not None
-        gmem = cluster.gpu_mem_free[nodes]
-        milli = cluster.milli_free[nodes]
-        full = allowed[nodes] & ~cluster.mig_enabled[nodes] & (milli == MILLI) & (gmem == cluster.gpu_mem_cap[nodes])
+        full = milli == MILLI
+        if req.gpu_models:
+            assert allowed is not None
+            full &= allowed[nodes]
         ok = full.sum(axis=1) >= req.gpu_count
         nodes, f = nodes[ok], full[ok]
         free_after = milli[ok]
         free_after[f & (np.cumsum(f, axis=1) <= req.gpu_count)] = 0
         return _cands(cluster, req, nodes, np.full(len(nodes), -1), free_after)
     if kind == "share":
-        assert allowed is not None
-        milli = cluster.milli_free[nodes]
-        gmem = cluster.gpu_mem_free[nodes]
-        ok = allowed[nodes] & ~cluster.mig_enabled[nodes] & (milli >= req.gpu_milli) & (gmem >= req.gpu_mem_mib)
-        # one candidate per distinct (milli, memory) free state in a node: its lowest GPU, as np.unique does
-        state = np.where(ok, milli * (1 << 21) + np.minimum(gmem, (1 << 21) - 1), -1)
+        ok = milli >= req.gpu_milli
+        if req.gpu_models:
+            assert allowed is not None
+            ok &= allowed[nodes]
+        if req.gpu_mem_mib:
+            ok &= cluster.gpu_mem_free[nodes] >= req.gpu_mem_mib
+        state = np.where(ok, milli, -1)
         earlier_same = (state[:, :, None] == state[:, None, :]) & _earlier(state.shape[1])
         li, gi = np.nonzero(ok & ~earlier_same.any(axis=2))
         free_after = milli[li]
         free_after[np.arange(len(li)), gi] -= req.gpu_milli
         return _cands(cluster, req, nodes[li], gi, free_after)
-    return _cands(cluster, req, nodes, np.full(len(nodes), -1), cluster.milli_free[nodes])
+    return _cands(cluster, req, nodes, np.full(len(nodes), -1), milli)

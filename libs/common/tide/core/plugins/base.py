@@ -7,12 +7,11 @@ higher is better; the placer combines them with the policy's weights and selects
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from tide.core.frag import FragModel, frag_many, frag_pair, pairable
+from tide.core.frag import FragModel, frag_many, pairable
 from tide.core.model import MILLI, PodRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,6 +35,14 @@ class Candidates:
         return len(self.node)
 
 
+class BeforeFragCache(Protocol):
+    def stale(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> np.ndarray: ...
+
+    def update(self, models: tuple[FragModel, ...], nodes: np.ndarray, values: tuple[np.ndarray, ...]) -> None: ...
+
+    def get(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> tuple[np.ndarray, ...]: ...
+
+
 @dataclass
 class Context:
     cluster: Cluster
@@ -44,8 +51,8 @@ class Context:
     rng: np.random.Generator
     frag: FragModel | None = None
     frag_capacity: FragModel | None = None
-    before_frag: Callable[[tuple[FragModel, ...], np.ndarray], tuple[np.ndarray, ...]] | None = None
-    """(models, node indices) -> each model's fragmentation of those nodes now; a cache may provide it"""
+    before_cache: BeforeFragCache | None = None
+    """each node's fragmentation in its current state, kept by the placer's score cache"""
     _cache: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -69,11 +76,28 @@ class Context:
             self._cache["nodes"], self._cache["inverse"] = node[new], np.cumsum(new) - 1
         return self._cache["nodes"], self._cache["inverse"]
 
-    def _before(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> tuple[np.ndarray, ...]:
-        if self.before_frag is not None:
-            return self.before_frag(models, nodes)
-        c = self.cluster
-        return frag_many(models, c.milli_free[nodes], c.cpu_free[nodes], c.node_model[nodes])
+    def _deltas(self, models: tuple[FragModel, ...]) -> tuple[np.ndarray, ...]:
+        """Each model's fragmentation increase per candidate: after minus before, evaluated in one batch
+        (the candidates' after-states plus the before-states of their nodes that no cache holds)."""
+        c, cand = self.cluster, self.cand
+        nodes, inverse = self._nodes()
+        cache = self.before_cache
+        need = nodes if cache is None else cache.stale(models, nodes)
+        k = len(cand)
+        if len(need):
+            free = np.concatenate((cand.free_after, c.milli_free[need]))
+            cpu = np.concatenate((cand.cpu_after, c.cpu_free[need]))
+            model = np.concatenate((c.node_model[cand.node], c.node_model[need]))
+        else:
+            free, cpu, model = cand.free_after, cand.cpu_after, c.node_model[cand.node]
+        out = frag_many(models, free, cpu, model)
+        if cache is None:
+            before = tuple(v[k:] for v in out)
+        else:
+            if len(need):
+                cache.update(models, need, tuple(v[k:] for v in out))
+            before = cache.get(models, nodes)
+        return tuple(v[:k] - b[inverse] for v, b in zip(out, before, strict=True))
 
     def frag_delta(self, capacity: bool = False) -> np.ndarray:
         """Increase of fragmented milli-GPU per candidate (after - before); 0 without a workload.
@@ -83,13 +107,7 @@ class Context:
         model = self.frag_capacity if capacity else self.frag
         arr = self._cache.get(name)
         if arr is None:
-            if model is None:
-                arr = np.zeros(len(self.cand))
-            else:
-                c, cand = self.cluster, self.cand
-                nodes, inverse = self._nodes()
-                after = model.frag_states(cand.free_after, cand.cpu_after, c.node_model[cand.node])
-                arr = after - self._before((model,), nodes)[0][inverse]
+            arr = np.zeros(len(self.cand)) if model is None else self._deltas((model,))[0]
             self._cache[name] = arr
         return arr
 
@@ -98,12 +116,7 @@ class Context:
         if "frag_delta" not in self._cache and "frag_delta_cap" not in self._cache:
             fgd, cap = self.frag, self.frag_capacity
             if fgd is not None and cap is not None and pairable(fgd, cap):
-                c, cand = self.cluster, self.cand
-                nodes, inverse = self._nodes()
-                a1, a2 = frag_pair(fgd, cap, cand.free_after, cand.cpu_after, c.node_model[cand.node])
-                b1, b2 = self._before((fgd, cap), nodes)
-                self._cache["frag_delta"] = a1 - b1[inverse]
-                self._cache["frag_delta_cap"] = a2 - b2[inverse]
+                self._cache["frag_delta"], self._cache["frag_delta_cap"] = self._deltas((fgd, cap))
         return self.frag_delta(), self.frag_delta(capacity=True)
 
     def max_cpu(self) -> float:
