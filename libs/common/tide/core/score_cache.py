@@ -204,19 +204,22 @@ class NodeScoreCache:
             return
         total = score(cand)
         node = cand.node
-        # candidates come grouped by node in node order; per node the best, ties as ``placer.select``
-        starts = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])
+        new = np.empty(len(node), dtype=bool)  # first candidate of each node (they come grouped by node)
+        new[:1] = True
+        np.not_equal(node[1:], node[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
         if len(starts) == len(node):
             entry.score[node] = total
             entry.pick[node] = cand.gpu
             return
-        group = np.cumsum(np.r_[True, node[1:] != node[:-1]]) - 1
+        # per node the best candidate, ties as ``placer.select``: least free milli-GPU left, then lowest GPU
+        group = np.cumsum(new) - 1
         best = np.maximum.reduceat(total, starts)
         tied = total >= best[group] - _TOL
         g = np.maximum(cand.gpu, 0)
         left = cluster.milli_free[node, g]
         order = np.lexsort((g, left, ~tied, group))
-        first = order[np.searchsorted(group[order], np.arange(len(starts)))]
+        first = order[starts]  # sorted by group first, so each group's run starts where it did
         entry.score[node[first]] = total[first]
         entry.pick[node[first]] = cand.gpu[first]
 
@@ -229,20 +232,26 @@ class BeforeFrag:
 
     def __init__(self, cache: NodeScoreCache, cluster: Cluster):
         self.cache, self.cluster = cache, cluster
+        self._models: tuple[FragModel, ...] = ()
+        self._rec: tuple[tuple[FragModel, ...], list[np.ndarray], np.ndarray] | None = None
+
+    def _record(self, models: tuple[FragModel, ...]) -> tuple[tuple[FragModel, ...], list[np.ndarray], np.ndarray]:
+        if self._rec is None or models != self._models:
+            self._models, self._rec = models, self.cache._before_record(self.cluster, models)
+        return self._rec
 
     def stale(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> np.ndarray:
-        _, _, stamp = self.cache._before_record(self.cluster, models)
+        stamp = self._record(models)[2]
         return nodes[stamp[nodes] != self.cluster.node_stamp[nodes]]
 
     def update(self, models: tuple[FragModel, ...], nodes: np.ndarray, values: tuple[np.ndarray, ...]) -> None:
-        _, arrays, stamp = self.cache._before_record(self.cluster, models)
+        _, arrays, stamp = self._record(models)
         for a, v in zip(arrays, values, strict=True):
             a[nodes] = v
         stamp[nodes] = self.cluster.node_stamp[nodes]
 
     def get(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> tuple[np.ndarray, ...]:
-        _, arrays, _ = self.cache._before_record(self.cluster, models)
-        return tuple(a[nodes] for a in arrays)
+        return tuple(a[nodes] for a in self._record(models)[1])
 
 
 @functools.cache
