@@ -34,6 +34,7 @@ LEVEL_COST: dict[Level, float] = {
     Level.CLUSTER: 40.0,
 }
 DOMAIN_LEVELS = (Level.NUMA, Level.NODE, Level.RACK, Level.SPINE, Level.CLUSTER)
+CANDIDATES_PER_LEVEL = 6  # the fullest domains that fit, per level (bin-packing order)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,84 @@ def _choose_nodes(cap: np.ndarray, members: np.ndarray, n: int, free_gpus: np.nd
     return [] if left > 0 else chosen
 
 
+LOCAL_SEARCH_NODES = 16  # nodes of a domain the local search may move pods to (the roomiest)
+
+
+def _improve(
+    cluster: Cluster, req: PodRequest, chosen: list[tuple[int, int]], members: list[int], cap: np.ndarray
+) -> list[tuple[int, int]]:
+    """Local search on pods per node: move pods (one, or a node's all) while the cost drops."""
+    pool = sorted(members, key=lambda i: -int(cap[i]))[:LOCAL_SEARCH_NODES]
+    pool = sorted(set(pool) | {i for i, _ in chosen})
+    within: dict[tuple[int, int], float] = {}
+
+    def inside(i: int, k: int) -> float:
+        if k <= 1:
+            return 0.0
+        if (i, k) not in within:
+            allocs = _node_allocations(cluster, req, i, k, None)
+            within[(i, k)] = comm_cost([pod_position(cluster, a) for a in allocs])
+        return within[(i, k)]
+
+    pos = {i: cluster.position(i) for i in pool}
+    pair = {(a, b): LEVEL_COST[distance(pos[a], pos[b])] for a in pool for b in pool if a != b}
+
+    def cost(counts: dict[int, int]) -> float:
+        items = [(i, k) for i, k in counts.items() if k]
+        total = sum(inside(i, k) for i, k in items)
+        for x in range(len(items)):
+            for y in range(x + 1, len(items)):
+                total += items[x][1] * items[y][1] * pair[(items[x][0], items[y][0])]
+        return total
+
+    counts = dict(chosen)
+    best = cost(counts)
+    improved = True
+    while improved:
+        improved = False
+        for a in [i for i, k in counts.items() if k]:
+            for b in pool:
+                if b == a:
+                    continue
+                for moved in {1, counts[a]}:
+                    if counts.get(b, 0) + moved > cap[b]:
+                        continue
+                    trial = dict(counts)
+                    trial[a] -= moved
+                    trial[b] = trial.get(b, 0) + moved
+                    c = cost(trial)
+                    if c < best - 1e-9:
+                        counts, best, improved = trial, c, True
+                        break
+                if improved:
+                    break
+            if improved:
+                break
+    return [(i, k) for i, k in counts.items() if k]
+
+
+def _fill(cluster: Cluster, cap: np.ndarray, members: list[int], n: int, free_gpus: np.ndarray,
+          level: Level) -> list[tuple[int, int]]:
+    """Fill ``n`` pods into a domain child by child (fewest racks, then fewest nodes): the roomiest
+    children first, and for the remainder the child that fits it most tightly."""
+    if level <= Level.NODE:
+        return _choose_nodes(cap, np.array(members), n, free_gpus)
+    child = Level(level - 1)
+    groups = [g for g in _domains(cluster, child, members).values() if cap[g].sum() > 0]
+    left, chosen = n, []
+    while left > 0 and groups:
+        fitting = [g for g in groups if cap[g].sum() >= left]
+        if fitting:
+            g = min(fitting, key=lambda g: (int(cap[g].sum()), int(free_gpus[g].sum())))
+            return chosen + _fill(cluster, cap, g, left, free_gpus, child)
+        g = max(groups, key=lambda g: (int(cap[g].sum()), -int(free_gpus[g].sum())))
+        take = int(cap[g].sum())
+        chosen += _fill(cluster, cap, g, take, free_gpus, child)
+        left -= take
+        groups.remove(g)
+    return chosen if left == 0 else []
+
+
 def _domains(cluster: Cluster, level: Level, nodes: Iterable[int]) -> dict[tuple, list[int]]:
     groups: dict[tuple, list[int]] = {}
     for i in nodes:
@@ -160,13 +239,42 @@ def _domains(cluster: Cluster, level: Level, nodes: Iterable[int]) -> dict[tuple
     return groups
 
 
-def _numa_masks(cluster: Cluster, node: int) -> list[np.ndarray]:
-    masks = []
-    for numa in sorted(set(int(x) for x in cluster.numa[node][cluster.gpu_exists[node]])):
-        m = np.zeros_like(cluster.gpu_exists)
-        m[node] = cluster.gpu_exists[node] & (cluster.numa[node] == numa)
-        masks.append(m)
-    return masks
+def _numa_candidates(
+    cluster: Cluster, req: PodRequest, mask: np.ndarray, cap: np.ndarray, n: int
+) -> list[tuple[int, np.ndarray]]:
+    """(node, GPU mask) for every NUMA node that alone holds the gang, fullest first."""
+    if req.kind == "whole":
+        free = whole_free(cluster, req) & mask[:, None]
+    elif req.kind == "share":
+        free = share_free(cluster, req) & mask[:, None]
+    else:
+        return []
+    out: list[tuple[int, int, np.ndarray]] = []
+    for numa in np.unique(cluster.numa[cluster.gpu_exists]):
+        in_numa = cluster.gpu_exists & (cluster.numa == numa)
+        if req.kind == "whole":
+            fits = (free & in_numa).sum(axis=1) // req.gpu_count
+        else:
+            per_gpu = cluster.milli_free // max(req.gpu_milli, 1)
+            if req.gpu_mem_mib:
+                per_gpu = np.minimum(per_gpu, cluster.gpu_mem_free // req.gpu_mem_mib)
+            fits = np.where(free & in_numa, per_gpu, 0).sum(axis=1)
+        fits = np.minimum(fits, cap_without_gpus(cluster, req, mask))
+        for i in np.flatnonzero(fits >= n):
+            gm = np.zeros_like(cluster.gpu_exists)
+            gm[i] = in_numa[i]
+            out.append((int(fits[i]), int(i), gm))
+    out.sort(key=lambda t: (t[0], t[1]))
+    return [(i, gm) for _, i, gm in out[:CANDIDATES_PER_LEVEL]]
+
+
+def cap_without_gpus(cluster: Cluster, req: PodRequest, mask: np.ndarray) -> np.ndarray:
+    cap = np.full(cluster.num_nodes, 1 << 30, dtype=np.int64)
+    if req.cpu_milli:
+        cap = np.minimum(cap, cluster.cpu_free // req.cpu_milli)
+    if req.memory_mib:
+        cap = np.minimum(cap, cluster.mem_free // req.memory_mib)
+    return np.where(mask, cap, 0)
 
 
 def place_gang(
@@ -190,16 +298,14 @@ def place_gang(
         candidates: list[tuple[list[tuple[int, int]], np.ndarray | None]] = []
         if level == Level.NUMA:
             # all pods on one NUMA node of one node (covers nvlink / pcie-switch / numa requirements)
-            for i in np.flatnonzero(mask):
-                for gm in _numa_masks(cluster, int(i)):
-                    c = node_capacity(cluster, req, mask, gm)
-                    if c[i] >= n:
-                        candidates.append(([(int(i), n)], gm))
+            candidates = [([(i, n)], gm) for i, gm in _numa_candidates(cluster, req, mask, cap, n)]
         else:
-            for members in _domains(cluster, level, np.flatnonzero(cap > 0)).values():
-                if cap[members].sum() < n:
-                    continue
-                chosen = _choose_nodes(cap, np.array(members), n, free_gpus)
+            domains = [m for m in _domains(cluster, level, np.flatnonzero(cap > 0)).values() if cap[m].sum() >= n]
+            domains.sort(key=lambda m: (int(cap[m].sum()), int(free_gpus[m].sum())))
+            for members in domains[:CANDIDATES_PER_LEVEL]:
+                chosen = _fill(cluster, cap, members, n, free_gpus, level)
+                if chosen and len(chosen) > 1:
+                    chosen = _improve(cluster, req, chosen, members, cap)
                 if chosen:
                     candidates.append((chosen, None))
         for chosen, gm in candidates:
