@@ -124,6 +124,9 @@ class FragModel:
         self.count_div = np.maximum(self.count, 1)[None, :]
         self.cpu_div = np.maximum(self.cpu, 1)[None, :]
         self.unit = (self.thresholds[self.t_k] * np.maximum(self.count, 1))[None, :]  # milli one pod takes
+        gpu_demand = float((self.weight * self.count * milli).sum())
+        # CPU the typical GPU pod asks per milli-GPU (ratio of the frequency-weighted totals)
+        self.cpu_per_milli = float((self.weight * self.cpu * self.is_gpu).sum()) / gpu_demand if gpu_demand else 0.0
 
     def gpu_table(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-GPU terms by free milli-GPU (0..1000): [1001, 3K] copies per GPU (free // threshold), GPUs with
@@ -150,16 +153,13 @@ class FragModel:
         total = free.sum(axis=1)
         if len(self.weight) == 0:
             return np.zeros(len(total))
-        mask = free[:, :, None] >= self.thresholds[None, None, :]  # S, G, K
-        ge = mask.sum(axis=1)  # GPUs that can host the per-GPU need
-        usable = (free[:, :, None] * mask).sum(axis=1)  # milli on those GPUs
-        fits = (
-            (ge[:, self.t_k] >= self.count[None, :])
-            & (cpu[:, None] >= self.cpu[None, :])
-            & self.model_ok[model + 1]
-            & self.is_gpu[None, :]
-        )
-        frag = np.where(fits, (total[:, None] - usable[:, self.t_k]), total[:, None])
+        table, cols = self.gpu_table()
+        t = len(self.weight)
+        sums = table[free].sum(axis=1)[:, cols[t:]]  # S, 2T: GPUs with room, milli on them
+        ge, usable = sums[:, :t], sums[:, t:]
+        fits = (ge >= self.count_row) & (cpu[:, None] >= self.cpu_row) & self.gpu_ok[model + 1]
+        tot = total[:, None]
+        frag = np.where(fits, tot - usable, tot)
         return (frag * self.weight).sum(axis=1)  # per row, so a state scores the same in any batch
 
 

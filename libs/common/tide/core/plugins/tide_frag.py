@@ -1,10 +1,19 @@
-"""Tide's fragmentation score: FGD refined.
+"""Tide's fragmentation score: FGD refined, and aware that GPUs need CPU.
+
+Score = -(FGD's fragmentation increase + ``strand_weight`` x stranded-GPU increase), in milli-GPU,
+rounded to ``quantum`` (100 milli-GPU) so that near-ties fall to node order (first-fit packing):
 
 - the fragmentation increase is used at full resolution (the reference FGD truncates a sigmoid of
   it to an integer 0..100, so placements whose deltas differ by tens of milli-GPU tie);
-- ``capacity_weight`` blends in CPU-aware fragmentation (``CapacityFragModel``): GPUs a node can no
-  longer use because repeated pods of a typical shape run out of CPU or per-GPU room first;
-- ``fit_weight`` adds a small best-fit term.
+- stranded GPU: the idle milli-GPU of a node that its free CPU cannot feed at the CPU per milli-GPU
+  of the typical GPU pod, ``max(0, idle - cpu_free / cpu_per_milli)``. On the openb traces CPU runs
+  out before GPU (the arrived pods ask for ~80% of the CPU when they ask for 100% of the GPUs, a
+  fifth of it CPU-only pods): without this term most pods that fail near saturation find a GPU with
+  room on nodes without the CPU for it. With it, CPU-only and CPU-heavy pods go where CPU is
+  surplus to the GPUs' needs;
+- ``capacity_weight`` blends in the repeated-pod CPU-aware fragmentation (``CapacityFragModel``) and
+  ``fit_weight`` a best-fit term; both are off by default (the stranded term does better; see
+  docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -20,9 +29,11 @@ class TideFragScore:
     node_local = True
 
     def __init__(
-        self, fgd_weight: float = 1.0, capacity_weight: float = 1.0, fit_weight: float = 0.0, quantum: float = 100.0,
-        open_penalty: float = 0.0,
+        self, fgd_weight: float = 1.0, capacity_weight: float = 0.0, fit_weight: float = 0.0, quantum: float = 100.0,
+        open_penalty: float = 0.0, strand_weight: float = 2.0, strand_scale: float = 1.0,
     ):
+        self.strand_weight = strand_weight
+        self.strand_scale = strand_scale
         self.fgd_weight = fgd_weight
         self.capacity_weight = capacity_weight
         self.fit_weight = fit_weight
@@ -37,6 +48,8 @@ class TideFragScore:
             out -= self.fgd_weight * ctx.frag_delta() / 10.0
         if self.capacity_weight:
             out -= self.capacity_weight * ctx.frag_delta(capacity=True) / 10.0
+        if self.strand_weight and ctx.frag is not None and ctx.frag.cpu_per_milli > 0:
+            out -= self.strand_weight * stranded_delta(ctx, self.strand_scale * ctx.frag.cpu_per_milli) / 10.0
         if self.open_penalty:
             exists = ctx.cluster.gpu_exists[ctx.cand.node]
             idle_node = ((ctx.free_before == MILLI) | ~exists).all(axis=1) & exists.any(axis=1)
@@ -46,3 +59,12 @@ class TideFragScore:
         if self.fit_weight:
             out += self.fit_weight * bestfit_raw(ctx)
         return out
+
+
+def stranded_delta(ctx: Context, cpu_per_milli: float) -> np.ndarray:
+    """Increase of a node's idle milli-GPU that its free CPU cannot feed, at ``cpu_per_milli`` CPU per
+    milli-GPU (the typical GPU pod's ratio): ``max(0, idle - cpu_free / cpu_per_milli)`` after - before."""
+    cand = ctx.cand
+    before = np.maximum(0.0, ctx.free_before.sum(axis=1) - ctx.cluster.cpu_free[cand.node] / cpu_per_milli)
+    after = np.maximum(0.0, cand.free_after.sum(axis=1) - cand.cpu_after / cpu_per_milli)
+    return after - before
