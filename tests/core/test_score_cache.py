@@ -46,10 +46,19 @@ def same(a: Allocation | Unfit, b: Allocation | Unfit) -> bool:
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_cached_and_uncached_placers_agree(policy, seed):
+    check_agreement(policy, seed, "first")
+
+
+@pytest.mark.parametrize("policy", ["tide", "bestfit"])
+def test_cached_and_uncached_placers_agree_with_random_ties(policy):
+    check_agreement(policy, 4, "random")
+
+
+def check_agreement(policy: str, seed: int, tie_break: str) -> None:
     rng = np.random.default_rng(seed)
     wl = TypicalPods.from_requests([random_request(rng) for _ in range(200)])
-    cached = Placer(policy, workload=wl, cache=True)
-    plain = Placer(policy, workload=wl, cache=False)
+    cached = Placer(policy, workload=wl, cache=True, seed=seed, tie_break=tie_break)
+    plain = Placer(policy, workload=wl, cache=False, seed=seed, tie_break=tie_break)
     cluster = Cluster.from_descriptions(NODES)
     held: list[Allocation] = []
     for step in range(300):
