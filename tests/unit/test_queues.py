@@ -1,0 +1,149 @@
+"""Hierarchical queues: config, limits, fair order, victims; and a fairness property (pure)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tide.core.queues import (
+    PendingJob,
+    QueueTree,
+    RunningJob,
+    add,
+    order_pending,
+    select_victims,
+    usage_tree,
+    within_limits,
+)
+
+TREE = QueueTree.from_config({"queues": [
+    {"name": "org", "children": [
+        {"name": "research", "weight": 2, "guarantee": {"gpu": 8}, "limit": {"gpu": 16}},
+        {"name": "prod", "weight": 1, "guarantee": {"gpu": 8}},
+    ]},
+]})
+CAP = {"gpu": 16.0}
+PENDING_PER_QUEUE = 10  # more than can start in one step: every queue stays backlogged
+
+
+def job(job_id: str, queue: str, t: float, gpus: float = 1, priority: int = 500, **kw) -> PendingJob:
+    return PendingJob(job_id, queue, priority, t, {"gpu": gpus}, **kw)
+
+
+def test_config_errors_are_specific() -> None:
+    with pytest.raises(ValueError, match="guarantee gpu=9.0 above its limit 8.0"):
+        QueueTree.from_config({"queues": [{"name": "a", "guarantee": {"gpu": 9}, "limit": {"gpu": 8}}]})
+    with pytest.raises(ValueError, match="weight must be > 0"):
+        QueueTree.from_config({"queues": [{"name": "a", "weight": 0}]})
+
+
+def test_unknown_sub_queues_resolve_to_their_configured_ancestor() -> None:
+    assert TREE.resolve("org/research/nlp") == "org/research"
+    assert TREE.resolve("elsewhere") == "elsewhere"
+    usage = usage_tree(TREE, [("org/research/nlp", {"gpu": 3})])
+    assert usage["org/research"]["gpu"] == 3 and usage["org"]["gpu"] == 3
+
+
+def test_limits_apply_to_the_queue_and_its_ancestors() -> None:
+    usage = usage_tree(TREE, [("org/research", {"gpu": 15})])
+    assert within_limits(TREE, "org/research", {"gpu": 1}, usage) == ""
+    assert "queue org/research at its limit: gpu 15 in use + 2 > 16" in within_limits(
+        TREE, "org/research", {"gpu": 2}, usage)
+
+
+def test_below_guarantee_first_then_weighted_dominant_share_then_priority_and_age() -> None:
+    usage = usage_tree(TREE, [("org/prod", {"gpu": 10})])  # prod over its guarantee, research idle
+    order = order_pending(TREE, [job("p1", "org/prod", 1), job("r1", "org/research", 2),
+                                 job("r2", "org/research", 3)], usage, CAP)
+    assert [j.job_id for j in order][:2] == ["r1", "r2"]
+    # both above guarantee: research (weight 2) gets two picks for each of prod's
+    usage = usage_tree(TREE, [("org/prod", {"gpu": 8}), ("org/research", {"gpu": 16})])
+    pending = [job(f"p{i}", "org/prod", i) for i in range(6)] + [job(f"r{i}", "org/research", i) for i in range(6)]
+    order = [j.job_id[0] for j in order_pending(TREE, pending, usage, CAP)]
+    assert order[:6] == ["r", "p", "r", "r", "p", "r"]  # 2:1 by weight
+    hi = order_pending(TREE, [job("old", "org/prod", 1), job("urgent", "org/prod", 5, priority=1000)], {}, CAP)
+    assert [j.job_id for j in hi] == ["urgent", "old"]
+    nominated = order_pending(TREE, [job("r", "org/research", 1), job("n", "org/prod", 9, nominated=True)], {}, CAP)
+    assert nominated[0].job_id == "n"
+
+
+def test_victims_are_whole_minimal_and_borrowers_first() -> None:
+    running = [
+        RunningJob("gang-a", "org/prod", 500, 8, work_lost_s=100),
+        RunningJob("gang-b", "org/prod", 500, 4, work_lost_s=50),
+        RunningJob("small", "org/research", 500, 1, work_lost_s=10),
+    ]
+    freed = lambda vs: sum(v.gpus for v in vs)  # noqa: E731
+    victims = select_victims(running, lambda vs: freed(vs) >= 4)
+    assert [v.job_id for v in victims] == ["gang-b"]  # one whole gang of exactly 4, not 1 + 8
+    victims = select_victims(running, lambda vs: freed(vs) >= 8, borrowed={"org/prod": 12})
+    assert [v.job_id for v in victims] == ["gang-a"]  # evicted / needed = 1
+    assert select_victims(running, lambda vs: freed(vs) >= 100) is None
+    # a reclaim never takes a queue below its guarantee
+    assert select_victims(running[:2], lambda vs: freed(vs) >= 8, borrowed={"org/prod": 4}) is None
+    protected = [RunningJob("young", "org/prod", 0, 8, 1, preemptible=False)]
+    assert select_victims(protected, lambda vs: freed(vs) >= 8) is None
+
+
+def simulate(weights: list[float], guarantees: list[float], capacity: int, steps: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    names = [f"q{i}" for i in range(len(weights))]
+    tree = QueueTree.from_config({"queues": [{"name": n, "weight": w, "guarantee": {"gpu": g}}
+                                             for n, w, g in zip(names, weights, guarantees, strict=True)]})
+    running: list[tuple[str, float, int]] = []  # (queue, gpus, ends_at)
+    gpu_time = {n: 0.0 for n in names}
+    serial = 0
+    violations = 0
+    for t in range(steps):
+        running = [r for r in running if r[2] > t]
+        usage = usage_tree(tree, [(q, {"gpu": g}) for q, g, _ in running])
+        pending = []
+        for n in names:  # every queue backlogged
+            for _ in range(PENDING_PER_QUEUE):
+                serial += 1
+                pending.append(PendingJob(f"j{serial}", n, 500, serial, {"gpu": float(rng.choice([1, 1, 2]))}))
+        free = capacity - sum(g for _, g, _ in running)
+        waiting = {n: PENDING_PER_QUEUE for n in names}
+        for j in order_pending(tree, pending, usage, {"gpu": float(capacity)}):
+            if j.demand["gpu"] > free:
+                break
+            # the property: nobody at or over its guarantee is served while a queue with jobs waiting is below it
+            starved = [n for n in names if waiting[n] and
+                       usage.get(n, {}).get("gpu", 0) < tree.spec(n).guarantee.get("gpu", 0)]
+            if starved and j.queue not in starved:
+                violations += 1
+            waiting[j.queue] -= 1
+            free -= j.demand["gpu"]
+            usage = add_usage(usage, tree, j.queue, j.demand)
+            running.append((j.queue, j.demand["gpu"], t + rng.randint(5, 30)))
+        if t >= steps // 5:  # after the warm-up: the long run
+            for q, g, _ in running:
+                gpu_time[q] += g
+    return {"gpu_time": gpu_time, "violations": violations}
+
+
+def add_usage(usage, tree, queue, demand):
+    out = dict(usage)
+    for path in tree.ancestors(queue):
+        out[path] = add(out.get(path, {}), demand)
+    return out
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    weights=st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=2, max_size=4),
+    seed=st.integers(0, 10_000),
+)
+def test_long_run_gpu_hours_track_weights_when_all_queues_are_backlogged(weights: list[float], seed: int) -> None:
+    capacity = 64
+    total_w = sum(weights)
+    guarantees = [capacity * 0.5 * w / total_w for w in weights]
+    result = simulate(weights, guarantees, capacity, steps=400, seed=seed)
+    assert result["violations"] == 0
+    total = sum(result["gpu_time"].values())
+    for (q, used), w in zip(result["gpu_time"].items(), weights, strict=True):
+        share, target = used / total, w / total_w
+        assert abs(share - target) <= 0.05 * target, (q, share, target)
