@@ -51,6 +51,18 @@ class Settings(BaseSettings):
     # metrics
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9464
+    metrics_poll_s: float = Field(default=2.0, description="read allocation/queue state from Redis this often")
+    metrics_queues_file: Path | None = Field(
+        default=None, description="queue tree (YAML/JSON, {queues: [...]}) for lent/borrowed GPU guarantees"
+    )
+    feedback_enabled: bool = Field(default=True, description="the OOM/communication feedback loop acts")
+    feedback_oom_step: float = Field(default=1.5, description="memory multiplier step per OOM")
+    feedback_max_multiplier: float = Field(default=8.0, description="memory multiplier cap (and the device size)")
+    feedback_decay_after: int = Field(default=2, description="clean runs before the multiplier decays")
+    feedback_decay: float = Field(default=0.8, description="the multiplier's excess over 1 shrinks by this per run")
+    feedback_traffic_bytes_per_s: float = Field(default=1e9, description="cross-node traffic that raises affinity")
+    feedback_affinity_step: float = Field(default=1.0, description="affinity step (>= 1 prefers one node)")
+    feedback_max_resubmits: int = Field(default=3, description="resubmissions of one OOM-failed job at most")
 
     # queue
     max_payload_bytes: int = 64 * 1024

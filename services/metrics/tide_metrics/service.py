@@ -1,65 +1,334 @@
-"""The metrics service: job events and telemetry in, Prometheus metrics out (OpenTelemetry SDK)."""
+"""The metrics service: job events, telemetry and Redis state in; Prometheus metrics (OpenTelemetry SDK),
+job-path traces and the feedback loop out.
+
+Inputs: the ``EVENTS`` stream (durable ``metrics-events``), the ``TELEMETRY`` stream (durable
+``metrics-telemetry``) and, every ``TIDE_METRICS_POLL_S``, Redis (nodes, capacity/used hashes, claims,
+the pending set and job records, the feedback weights). The computations are pure
+(``tide_metrics.state``, ``tide.core.feedback``); this module is the I/O around them. Metric names
+and meanings: ``docs/observability.md``.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
+import yaml
 from nats.aio.msg import Msg
+from opentelemetry import trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import start_http_server
+from redis.asyncio import Redis
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
-from tide.schemas.events import GpuSample, JobEvent, Telemetry
+from tide.runtime import every
+from tide.schemas.events import GpuSample, JobEvent, JobRecord, Telemetry
+from tide.schemas.feedback import FamilyWeights, family_of
+from tide.schemas.job import JobSpec
+from tide.schemas.node import NodeDescription
 from tide.settings import Settings
+from tide.store import keys
+from tide.store.redis import connect_redis
+
+from tide_metrics import state
+from tide_metrics.feedback import FeedbackLoop, JobUsage
+from tide_metrics.traces import TERMINAL_KINDS, Timeline, emit
 
 log = structlog.get_logger()
-WAIT_BUCKETS_S = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600]
+WAIT_BUCKETS_S = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600]
+LATENCY_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+SAMPLE_STALE_S = 60.0
+JOB_CACHE = 20_000
+
+
+@dataclass
+class Snapshot:
+    """The cluster as last read from Redis, in the shapes the gauges export."""
+
+    pools: dict[str, str] = field(default_factory=dict)  # node -> pool
+    models: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, gpu) -> model
+    node_alloc: dict[str, state.Allocated] = field(default_factory=dict)
+    pool_alloc: dict[str, state.Allocated] = field(default_factory=dict)
+    cluster_alloc: state.Allocated = field(default_factory=state.Allocated)
+    frag: dict[str, state.Fragmentation] = field(default_factory=dict)
+    pending: dict[tuple[str, str], int] = field(default_factory=dict)
+    queue_used: dict[str, float] = field(default_factory=dict)
+    lent_borrowed: dict[str, tuple[float, float]] = field(default_factory=dict)
+    weights: dict[str, FamilyWeights] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    spec: JobSpec
+    family: str
+
+    @property
+    def gang(self) -> int:
+        return self.spec.spec.gang_size
 
 
 class MetricsService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.gpus: dict[tuple[str, int], GpuSample] = {}
+        self.gpus: dict[tuple[str, int], tuple[float, GpuSample]] = {}
+        self.snapshot = Snapshot()
+        self.jobs: dict[str, JobInfo] = {}
+        self.usage: dict[str, JobUsage] = {}
+        self.timelines: dict[str, Timeline] = {}
+        self.known_queues: set[tuple[str, str]] = set()
+        self.max_clock: dict[tuple[str, int], float] = {}
+        self.guarantees = self._load_guarantees()
+        self.tracer = trace.get_tracer("tide.metrics")
 
+    def _load_guarantees(self) -> dict[str, float]:
+        path = self.settings.metrics_queues_file
+        if path is None or not path.exists():
+            return {}
+        return state.load_guarantees(yaml.safe_load(path.read_text()))
+
+    # ------------------------------------------------------------ set-up
     async def start(self) -> None:
         start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host)
         provider = MeterProvider(
             resource=Resource.create({"service.name": "tide-metrics"}), metric_readers=[PrometheusMetricReader()]
         )
-        meter = provider.get_meter("tide.metrics")
-        self.job_events = meter.create_counter("tide_job_events", unit="1", description="job lifecycle events")
-        self.queue_wait = meter.create_histogram(
-            "tide_queue_wait", unit="s", description="submit to placement wait",
-            explicit_bucket_boundaries_advisory=WAIT_BUCKETS_S,
-        )
-        meter.create_observable_gauge("tide_gpu_utilization_ratio", [self._observe("utilization_ratio")],
-                                      unit="1", description="GPU utilisation (0-1)")
-        meter.create_observable_gauge("tide_gpu_memory_used_bytes", [self._observe("memory_used_bytes")],
-                                      unit="By", description="GPU memory used")
+        self._instruments(provider.get_meter("tide.metrics"))
+        self.redis: Redis = connect_redis(self.settings.redis_url)
         self.nc = await connect(self.settings, "tide-metrics")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
+        self.feedback = FeedbackLoop(
+            self.settings, self.redis, self.nc, self.js,
+            on_change=lambda w, kind: self.adjustments.add(1, {"family": w.family, "kind": kind}),
+            on_resubmit=lambda family: self.resubmissions.add(1, {"family": family}),
+        )
+        self._api = await self.nc.subscribe(subjects.API_WEIGHTS, cb=self._on_api_weights)
+        await self._poll()
 
-    def _observe(self, attr: str):
+    def _instruments(self, meter: Any) -> None:
+        self.job_events = meter.create_counter("tide_job_events", unit="1", description="job lifecycle events")
+        self.queue_wait = meter.create_histogram(
+            "tide_queue_wait", unit="s", description="submission to placement, per queue and priority class",
+            explicit_bucket_boundaries_advisory=WAIT_BUCKETS_S)
+        self.gang_wait = meter.create_histogram(
+            "tide_gang_wait", unit="s", description="submission to placement of gangs (minMember > 1)",
+            explicit_bucket_boundaries_advisory=WAIT_BUCKETS_S)
+        self.placement_latency = meter.create_histogram(
+            "tide_placement_latency", unit="s",
+            description="placed to running: reserve, start every pod on its agent, commit",
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S)
+        self.preemptions = meter.create_counter("tide_preemptions", unit="1", description="jobs preempted")
+        self.ooms = meter.create_counter("tide_oom", unit="1", description="pods that died of a GPU OOM")
+        self.adjustments = meter.create_counter("tide_feedback_adjustments", unit="1",
+                                                description="feedback weight changes by family and cause")
+        self.resubmissions = meter.create_counter("tide_feedback_resubmissions", unit="1",
+                                                  description="OOM-failed jobs resubmitted with a larger share")
+        gauge = meter.create_observable_gauge
+
+        def gpu_metric(name: str, fn: Callable[[str, int, GpuSample], Iterable[tuple[float, dict[str, str]]]],
+                       unit: str, description: str) -> None:
+            gauge(name, [self._per_gpu(fn)], unit=unit, description=description)
+
+        gpu_metric("tide_gpu_utilization_ratio", lambda n, i, s: [(s.utilization_ratio, {})], "1",
+                   "GPU utilisation (0-1)")
+        gpu_metric("tide_gpu_memory_used_bytes", lambda n, i, s: [(s.memory_used_bytes, {})], "By", "GPU memory used")
+        gpu_metric("tide_gpu_memory_total_bytes", lambda n, i, s: [(s.memory_total_bytes, {})], "By",
+                   "GPU memory")
+        gpu_metric("tide_gpu_memory_bandwidth_utilization_ratio", lambda n, i, s: [(s.memory_bandwidth_ratio, {})],
+                   "1", "GPU memory bandwidth utilisation (0-1)")
+        gpu_metric("tide_gpu_pcie_throughput", lambda n, i, s: [(s.pcie_tx_bytes_per_s, {"direction": "tx"}),
+                                                                (s.pcie_rx_bytes_per_s, {"direction": "rx"})],
+                   "By/s", "PCIe throughput")
+        gpu_metric("tide_gpu_nvlink_throughput", lambda n, i, s: [(s.nvlink_tx_bytes_per_s, {"direction": "tx"}),
+                                                                  (s.nvlink_rx_bytes_per_s, {"direction": "rx"})],
+                   "By/s", "NVLink throughput")
+        gpu_metric("tide_gpu_sm_clock", lambda n, i, s: [(s.sm_clock_hz, {})], "Hz", "SM clock")
+        gpu_metric("tide_gpu_sm_efficiency_ratio", self._sm_efficiency, "1",
+                   "utilisation x SM clock / max SM clock (0-1)")
+        gauge("tide_node_gpu_allocation_ratio", [self._node_alloc], unit="1",
+              description="allocated share of a node's GPUs by kind (whole, shared, mig, all)")
+        gauge("tide_pool_gpu_allocation_ratio", [self._pool_alloc], unit="1",
+              description="allocated share of a pool's GPUs by kind")
+        gauge("tide_cluster_gpu_allocation_ratio", [self._cluster_alloc], unit="1",
+              description="allocated share of the cluster's GPUs by kind")
+        gauge("tide_pool_gpus", [lambda o: [Observation(a.gpus, {"pool": p})
+                                            for p, a in self.snapshot.pool_alloc.items()]],
+              unit="{gpu}", description="GPUs per pool")
+        gauge("tide_gpu_fragmentation_ratio", [lambda o: [Observation(f.ratio, {"pool": p})
+                                                          for p, f in self.snapshot.frag.items()]],
+              unit="1", description="share of free GPU capacity no pending pod can use")
+        gauge("tide_gpu_free_gpus", [lambda o: [Observation(f.free_gpus, {"pool": p})
+                                                for p, f in self.snapshot.frag.items()]],
+              unit="{gpu}", description="free GPU capacity (GPU units)")
+        gauge("tide_gpu_fragmented_gpus", [lambda o: [Observation(f.fragmented_gpus, {"pool": p})
+                                                      for p, f in self.snapshot.frag.items()]],
+              unit="{gpu}", description="free GPU capacity no pending pod can use (GPU units)")
+        gauge("tide_queue_pending_jobs", [self._pending], unit="{job}",
+              description="pending jobs per queue and priority class")
+        gauge("tide_queue_used_gpus", [lambda o: [Observation(v, {"queue": q})
+                                                  for q, v in self.snapshot.queue_used.items()]],
+              unit="{gpu}", description="GPUs held by a queue's jobs")
+        gauge("tide_queue_lent_gpus", [lambda o: [Observation(lb[0], {"queue": q})
+                                                  for q, lb in self.snapshot.lent_borrowed.items()]],
+              unit="{gpu}", description="unused guaranteed GPUs other queues borrow (tidal)")
+        gauge("tide_queue_borrowed_gpus", [lambda o: [Observation(lb[1], {"queue": q})
+                                                      for q, lb in self.snapshot.lent_borrowed.items()]],
+              unit="{gpu}", description="GPUs a queue uses beyond its guarantee (tidal)")
+        gauge("tide_feedback_memory_multiplier", [lambda o: [
+            Observation(w.memory_multiplier, {"family": f}) for f, w in self.snapshot.weights.items()]],
+            unit="1", description="the feedback loop's GPU memory multiplier per job family")
+        gauge("tide_feedback_affinity", [lambda o: [
+            Observation(w.affinity, {"family": f}) for f, w in self.snapshot.weights.items()]],
+            unit="1", description="the feedback loop's topology affinity per job family (>= 1: one node)")
+
+    # ------------------------------------------------------------ observations
+    def _per_gpu(self, fn: Callable[[str, int, GpuSample], Iterable[tuple[float, dict[str, str]]]]):
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            for (node_id, index), sample in list(self.gpus.items()):
-                yield Observation(getattr(sample, attr), {"node": node_id, "gpu": str(index)})
+            now = time.time()
+            for (node_id, index), (ts, sample) in list(self.gpus.items()):
+                if now - ts > SAMPLE_STALE_S:
+                    continue
+                pool = self.snapshot.pools.get(node_id, state.DEFAULT_POOL)
+                base = {"node": node_id, "gpu": str(index), "pool": pool}
+                for value, extra in fn(node_id, index, sample):
+                    yield Observation(value, {**base, **extra})
 
         return callback
 
+    def _sm_efficiency(self, node_id: str, index: int, s: GpuSample) -> list[tuple[float, dict[str, str]]]:
+        model = self.snapshot.models.get((node_id, index), "")
+        return [(state.sm_efficiency(s.utilization_ratio, s.sm_clock_hz, model,
+                                     self.max_clock.get((node_id, index), 0.0)), {})]
+
+    def _alloc_obs(self, allocs: dict[str, state.Allocated], label: str | None, extra: Callable[[str], dict]):
+        for key, a in allocs.items():
+            for kind in (*state.KINDS, "all"):
+                attrs = {"kind": kind, **extra(key)}
+                if label:
+                    attrs[label] = key
+                yield Observation(a.ratio(kind), attrs)
+
+    def _node_alloc(self, options: CallbackOptions) -> Iterable[Observation]:
+        pools = self.snapshot.pools
+        yield from self._alloc_obs(self.snapshot.node_alloc, "node",
+                                   lambda n: {"pool": pools.get(n, state.DEFAULT_POOL)})
+
+    def _pool_alloc(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield from self._alloc_obs(self.snapshot.pool_alloc, "pool", lambda p: {})
+
+    def _cluster_alloc(self, options: CallbackOptions) -> Iterable[Observation]:
+        yield from self._alloc_obs({"": self.snapshot.cluster_alloc}, None, lambda p: {})
+
+    def _pending(self, options: CallbackOptions) -> Iterable[Observation]:
+        counts = dict.fromkeys(self.known_queues, 0)
+        counts.update(self.snapshot.pending)
+        for (queue, pc), n in counts.items():
+            yield Observation(n, {"queue": queue, "priority_class": pc})
+
+    # ------------------------------------------------------------ run
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
             consume(self.js, subjects.METRICS_EVENTS, self._on_event, stop),
             consume(self.js, subjects.METRICS_TELEMETRY, self._on_telemetry, stop),
+            every(self.settings.metrics_poll_s, stop, self._poll),
         )
 
     async def close(self) -> None:
+        try:
+            await self._api.unsubscribe()
+        except Exception:
+            pass
         await close_nats(self.nc)
+        await self.redis.aclose()
+
+    # ------------------------------------------------------------ Redis state
+    async def job_info(self, job_id: str) -> JobInfo | None:
+        info = self.jobs.get(job_id)
+        if info is None:
+            raw = await self.redis.get(keys.job(job_id))
+            if not raw:
+                return None
+            spec = JobRecord.model_validate_json(raw).spec
+            info = self._remember(job_id, spec)
+        return info
+
+    def _remember(self, job_id: str, spec: JobSpec) -> JobInfo:
+        if len(self.jobs) >= JOB_CACHE:
+            for old in list(self.jobs)[: JOB_CACHE // 10]:
+                del self.jobs[old]
+        info = self.jobs[job_id] = JobInfo(spec, family_of(spec))
+        self._know_queue(spec.metadata.queue, spec.metadata.priority_class.value)
+        return info
+
+    async def _poll(self) -> None:
+        r = self.redis
+        node_ids = sorted(await r.smembers(keys.NODES))
+        claim_keys = sorted(await r.smembers(keys.CLAIMS_INDEX))
+        pending_ids = await r.zrange(keys.PENDING, 0, -1)
+        async with r.pipeline(transaction=False) as pipe:
+            for n in node_ids:
+                pipe.get(keys.node(n))
+                pipe.hgetall(keys.capacity(n))
+                pipe.hgetall(keys.used(n))
+            for k in claim_keys:
+                pipe.hget(k, "alloc")
+            pipe.hgetall(keys.WEIGHTS)
+            out = await pipe.execute()
+        nodes: dict[str, NodeDescription] = {}
+        free: dict[str, list[state.FreeGpu]] = {}
+        for i, n in enumerate(node_ids):
+            raw, cap, used = out[3 * i: 3 * i + 3]
+            if not raw:
+                continue
+            nodes[n] = NodeDescription.model_validate_json(raw)
+            free[n] = state.free_gpus(nodes[n], cap, used)
+        claims = [(k, json.loads(a)) for k, a in zip(claim_keys, out[3 * len(node_ids):-1], strict=True) if a]
+        weights = {f: FamilyWeights.model_validate_json(w) for f, w in out[-1].items()}
+        specs = [info.spec for job_id in pending_ids if (info := await self.job_info(job_id)) is not None]
+        queue_used: dict[str, float] = {}
+        for key, alloc in claims:
+            job_id = key.removeprefix(f"{keys.PREFIX}:claim:").rsplit(":", 1)[0]
+            info = await self.job_info(job_id)
+            node = nodes.get(alloc.get("node_id", ""))
+            if info is None or node is None:
+                continue
+            q = info.spec.metadata.queue
+            queue_used[q] = queue_used.get(q, 0.0) + state.gpu_units(alloc, {g.index: g.model for g in node.gpus})
+        for (q, _pc) in self.known_queues:
+            queue_used.setdefault(q, 0.0)
+        pools = {n: state.pool_of(d) for n, d in nodes.items()}
+        per_node = state.allocation_by_node(nodes, [a for _, a in claims])
+        demand = [d for s in specs if (d := state.demand_of(s)) is not None]
+        self.snapshot = Snapshot(
+            pools=pools,
+            models={(n, g.index): g.model for n, d in nodes.items() for g in d.gpus},
+            node_alloc=per_node,
+            pool_alloc=state.rollup(per_node, pools),
+            cluster_alloc=state.rollup(per_node, dict.fromkeys(per_node, "")).get("", state.Allocated()),
+            frag=state.fragmentation(nodes, free, demand),
+            pending=state.pending_counts(specs),
+            queue_used=queue_used,
+            lent_borrowed=state.lent_borrowed(queue_used, self.guarantees),
+            weights=weights,
+        )
+
+    # ------------------------------------------------------------ events
+    def _know_queue(self, queue: str, pc: str) -> None:
+        """Counters start at 0 for every queue and priority class seen, so rates and panels have a series."""
+        if (queue, pc) in self.known_queues:
+            return
+        self.known_queues.add((queue, pc))
+        attrs = {"queue": queue, "priority_class": pc}
+        self.preemptions.add(0, attrs)
+        self.ooms.add(0, attrs)
 
     async def _on_event(self, msg: Msg) -> None:
         try:
@@ -67,18 +336,76 @@ class MetricsService:
         except ValueError:
             await msg.term()
             return
-        attrs = {"kind": event.kind, "queue": event.queue or "", "priority_class": event.priority_class or ""}
-        self.job_events.add(1, attrs)
-        if event.kind == "placed" and event.wait_s is not None:
-            self.queue_wait.record(event.wait_s, attrs)
+        await self.handle_event(event)
         await msg.ack()
 
+    async def handle_event(self, event: JobEvent) -> None:
+        queue, pc = event.queue or "", event.priority_class or ""
+        attrs = {"queue": queue, "priority_class": pc}
+        if queue:
+            self._know_queue(queue, pc)
+        self.job_events.add(1, {"kind": event.kind, **attrs})
+        timeline = self.timelines.setdefault(event.job_id, Timeline(event.job_id, queue, pc))
+        placed_before = timeline.last.get("placed")
+        timeline.add(event.kind, event.ts, event.reason)
+        if event.kind == "placed" and event.wait_s is not None:
+            self.queue_wait.record(event.wait_s, attrs)
+            info = await self.job_info(event.job_id)
+            if info is not None and info.gang > 1:
+                self.gang_wait.record(event.wait_s, attrs)
+        elif event.kind == "running" and placed_before is not None:
+            self.placement_latency.record(max(0.0, event.ts - placed_before), attrs)
+        elif event.kind == "preempted":
+            self.preemptions.add(1, attrs)
+        elif event.kind == "pod-exited" and event.reason == "OOM":
+            self.ooms.add(1, attrs)
+        if event.kind in TERMINAL_KINDS:
+            await self._job_ended(event, timeline)
+
+    async def _job_ended(self, event: JobEvent, timeline: Timeline) -> None:
+        info = await self.job_info(event.job_id)
+        usage = self.usage.get(event.job_id)
+        if self.settings.feedback_enabled:
+            if event.kind == "failed" and "OOM" in event.reason:
+                await self.feedback.job_failed_oom(event.job_id, usage)
+            elif event.kind == "succeeded":
+                await self.feedback.job_succeeded(event.job_id, usage)
+            if event.kind in ("succeeded", "failed") and usage is not None:
+                await self.feedback.job_traffic(event.job_id, usage)
+        emit(self.tracer, timeline, event.kind, event.ts,
+             {"family": info.family if info else "", "reason": event.reason})
+        self.timelines.pop(event.job_id, None)
+        self.usage.pop(event.job_id, None)
+        self.snapshot.weights = await self.feedback.weights()
+
+    async def _on_api_weights(self, msg: Msg) -> None:
+        try:
+            req = json.loads(msg.data or b"{}") if msg.data else {}
+            family = req.get("family") if isinstance(req, dict) else None
+            limit = int(req.get("limit", 20)) if isinstance(req, dict) else 20
+            body = await self.feedback.api_weights(family, limit)
+        except Exception as exc:
+            body = {"error": repr(exc)}
+        await msg.respond(json.dumps(body).encode())
+
+    # ------------------------------------------------------------ telemetry
     async def _on_telemetry(self, msg: Msg) -> None:
         try:
             t = Telemetry.model_validate_json(msg.data)
         except ValueError:
             await msg.term()
             return
-        for sample in t.gpus:
-            self.gpus[(t.node_id, sample.index)] = sample
+        self.handle_telemetry(t)
         await msg.ack()
+
+    def handle_telemetry(self, t: Telemetry) -> None:
+        for sample in t.gpus:
+            key = (t.node_id, sample.index)
+            self.gpus[key] = (t.ts, sample)
+            self.max_clock[key] = max(self.max_clock.get(key, 0.0), sample.sm_clock_hz)
+        for usage in t.pods:
+            self.usage.setdefault(usage.job_id, JobUsage()).add(t.node_id, usage, t.ts)
+        if len(self.usage) > JOB_CACHE:  # jobs whose end we never saw
+            cutoff = time.time() - 3600
+            for job_id in [j for j, u in self.usage.items() if u.last_ts < cutoff]:
+                del self.usage[job_id]

@@ -33,8 +33,9 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
                           subjects.PLACER_WEIGHTS, INBOX],
         },
         "metrics": {
-            "publish": [subjects.PLACER_WEIGHTS, JS_API, JS_ACK],
-            "subscribe": [subjects.EVENTS_ALL, subjects.TELEMETRY_ALL, INBOX],
+            # tide.jobs.submit: the feedback loop resubmits OOM-failed jobs with a larger share
+            "publish": [subjects.PLACER_WEIGHTS, subjects.JOB_SUBMIT, JS_API, JS_ACK],
+            "subscribe": [subjects.EVENTS_ALL, subjects.TELEMETRY_ALL, subjects.API_WEIGHTS, INBOX],
         },
         # people and scripts: submit, cancel, ask, watch
         "admin": {
