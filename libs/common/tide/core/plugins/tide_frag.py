@@ -19,6 +19,7 @@ rounded to ``quantum`` (100 milli-GPU) so that near-ties fall to node order (fir
 from __future__ import annotations
 
 import numpy as np
+from tide.core.frag import FragModel
 from tide.core.model import MILLI
 from tide.core.plugins.base import Context
 from tide.core.plugins.bestfit import bestfit_raw
@@ -31,7 +32,10 @@ class TideFragScore:
     def __init__(
         self, fgd_weight: float = 1.0, capacity_weight: float = 0.0, fit_weight: float = 0.0, quantum: float = 100.0,
         open_penalty: float = 0.0, strand_weight: float = 2.0, strand_scale: float = 1.0,
+        model_weight: float = 0.0,
     ):
+        self.model_weight = model_weight
+        self._pressure: tuple[object, object, np.ndarray] | None = None
         self.strand_weight = strand_weight
         self.strand_scale = strand_scale
         self.fgd_weight = fgd_weight
@@ -50,6 +54,11 @@ class TideFragScore:
             out -= self.capacity_weight * ctx.frag_delta(capacity=True) / 10.0
         if self.strand_weight and ctx.frag is not None and ctx.frag.cpu_per_milli > 0:
             out -= self.strand_weight * stranded_delta(ctx, self.strand_scale * ctx.frag.cpu_per_milli) / 10.0
+        if self.model_weight and ctx.frag is not None and ctx.request.total_gpu_milli:
+            pressure = self.model_pressure(ctx)
+            if pressure.any():
+                out -= self.model_weight * ctx.request.total_gpu_milli * pressure[
+                    ctx.cluster.node_model[ctx.cand.node] + 1] / 10.0
         if self.open_penalty:
             exists = ctx.cluster.gpu_exists[ctx.cand.node]
             idle_node = ((ctx.free_before == MILLI) | ~exists).all(axis=1) & exists.any(axis=1)
@@ -59,6 +68,41 @@ class TideFragScore:
         if self.fit_weight:
             out += self.fit_weight * bestfit_raw(ctx)
         return out
+
+
+    def model_pressure(self, ctx: Context) -> np.ndarray:
+        """[model id + 1] share of each GPU model's capacity that pods restricted to a few models need."""
+        frag, cluster = ctx.frag, ctx.cluster
+        assert frag is not None
+        cached = self._pressure
+        if cached is not None and cached[0] is frag and cached[1] is cluster.gpu_model:
+            return cached[2]
+        pressure = model_pressure(frag, cluster.gpu_model, cluster.gpu_exists)
+        self._pressure = (frag, cluster.gpu_model, pressure)
+        return pressure
+
+
+def model_pressure(frag: FragModel, gpu_model: np.ndarray, gpu_exists: np.ndarray) -> np.ndarray:
+    """[model id + 1] share of each GPU model's capacity that typical pods restricted to some models need
+    when the cluster is full (their demand apportioned over their models by capacity); 0 without
+    restricted pods. Row 0 is "no GPU"."""
+    n_models = frag.model_ok.shape[0] - 1
+    cap = np.bincount(gpu_model[gpu_exists], minlength=n_models).astype(float)[:n_models]
+    out = np.zeros(n_models + 1)
+    demand = frag.weight * frag.count * frag.thresholds[frag.t_k] * frag.is_gpu
+    total_demand, total_cap = demand.sum(), cap.sum()
+    if total_demand <= 0 or total_cap <= 0:
+        return out
+    for k, shape in enumerate(frag.typical.shapes):
+        ok = frag.model_ok[1:, k]
+        if not shape.gpu_models or not demand[k] or ok.all():
+            continue
+        share = cap * ok
+        if share.sum() > 0:
+            out[1:] += demand[k] / total_demand * share / share.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[1:] = np.where(cap > 0, out[1:] / (cap / total_cap), 0.0)
+    return out
 
 
 def stranded_delta(ctx: Context, cpu_per_milli: float) -> np.ndarray:
