@@ -54,14 +54,26 @@ def test_cached_and_uncached_placers_agree_with_random_ties(policy):
     check_agreement(policy, 4, "random")
 
 
-def check_agreement(policy: str, seed: int, tie_break: str) -> None:
+TYPES = [("T4", 2, 16000, 15000), ("T4", 4, 32000, 15000), ("V100M32", 8, 96000, 32510), ("V100M32", 4, 48000, 32510)]
+BIG = [gpu_node(f"n{i:03d}", TYPES[i % 4][0], TYPES[i % 4][1], cpu=TYPES[i % 4][2], mem=262144,
+                gpu_mem=TYPES[i % 4][3], labels={"pool": "inference" if i % 7 == 0 else "training"})
+       for i in range(300)]
+
+
+@pytest.mark.parametrize("policy", ["tide", "gpupacking", "topology"])
+def test_cached_and_uncached_placers_agree_on_a_large_cluster(policy):
+    """300 nodes: the cold cache scores one node per kind of untouched node and copies the scores."""
+    check_agreement(policy, 5, "first", BIG, 120)
+
+
+def check_agreement(policy: str, seed: int, tie_break: str, nodes: list | None = None, steps: int = 300) -> None:
     rng = np.random.default_rng(seed)
     wl = TypicalPods.from_requests([random_request(rng) for _ in range(200)])
     cached = Placer(policy, workload=wl, cache=True, seed=seed, tie_break=tie_break)
     plain = Placer(policy, workload=wl, cache=False, seed=seed, tie_break=tie_break)
-    cluster = Cluster.from_descriptions(NODES)
+    cluster = Cluster.from_descriptions(nodes or NODES)
     held: list[Allocation] = []
-    for step in range(300):
+    for step in range(steps):
         if held and rng.random() < 0.35:
             cluster.release(held.pop(int(rng.integers(len(held)))))
             continue

@@ -129,8 +129,10 @@ class Context:
 class ScorePlugin(Protocol):
     name: str
     node_local: bool
-    """True when a candidate's score depends only on its own node's state, the request and static
-    cluster facts (never on other nodes or randomness): the placer may then cache it per node."""
+    """True when a candidate's score depends only on its own node's free resources and hardware (GPU
+    models, capacities, topology inside the node), the request's CPU and GPU asks and static
+    cluster-wide facts: never on other nodes' state, the node's name, labels or rack, the memory
+    requests, or randomness. The placer may then cache it per node and score alike nodes once."""
 
     def score(self, ctx: Context) -> np.ndarray:
         """One score per candidate; higher is better."""
