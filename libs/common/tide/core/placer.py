@@ -1,6 +1,9 @@
 """The placer: filter -> enumerate candidates -> score with weighted plugins -> select.
 
 ``Placer.place`` never mutates the cluster; apply the returned Allocation with ``cluster.allocate``.
+With node-local plugins (all but ``random``) and non-MIG requests, the placer keeps each node's best
+score per request shape and re-scores only the nodes whose state changed (``score_cache``); the
+decisions are the same as without it (``Placer(cache=False)``).
 """
 
 from __future__ import annotations
