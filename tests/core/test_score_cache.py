@@ -160,3 +160,26 @@ def test_unfit_reasons_come_from_the_uncached_path():
         cluster.allocate(res)
     assert isinstance(res, Unfit) and res.resolvable and "nodes fit" in res.reason
     assert res == Placer("tide", cache=False).place(cluster, big)
+
+
+def test_the_learnt_workload_is_kept_while_it_does_not_move():
+    """The live placer learns the typical pods online; a refresh that changes nothing keeps the cache."""
+    p = Placer("tide")
+    cluster = Cluster.from_descriptions(NODES)
+    shapes = [PodRequest(cpu_milli=1000, gpu_count=1), PodRequest(cpu_milli=500, gpu_milli=500)]
+    for k in range(501):  # the first pod starts a model, the 501st refreshes it from the window
+        p.observe(shapes[k % 2])
+    first = p.workload
+    assert first is not None and len(first) == 2
+    p.place(cluster, shapes[0])
+    rescored = p._score_cache.rescored  # type: ignore[union-attr]
+    for k in range(1000):  # two refreshes, same mix
+        p.observe(shapes[k % 2])
+    assert p.workload is first
+    p.place(cluster, shapes[0])
+    assert p._score_cache.rescored == rescored  # type: ignore[union-attr]
+    for _ in range(1000):  # the mix changes: a new model, the cache starts again
+        p.observe(shapes[0])
+    assert p.workload is not first
+    p.place(cluster, shapes[0])
+    assert p._score_cache.rescored > rescored  # type: ignore[union-attr]

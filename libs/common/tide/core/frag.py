@@ -97,6 +97,13 @@ class TypicalPods:
     def __len__(self) -> int:
         return len(self.shapes)
 
+    def close_to(self, other: TypicalPods, tolerance: float) -> bool:
+        """Same typical shapes, each frequency within ``tolerance`` of the other's."""
+        if set(self.shapes) != set(other.shapes):
+            return False
+        theirs = dict(zip(other.shapes, other.weights, strict=True))
+        return all(abs(w - theirs[s]) <= tolerance for s, w in zip(self.shapes, self.weights, strict=True))
+
 
 class FragModel:
     """Typical pods compiled against one cluster's GPU model ids, for fast batch evaluation."""

@@ -66,6 +66,7 @@ POLICIES: dict[str, PolicySpec] = {
 }
 DEFAULT_POLICY = "tide"
 
+WORKLOAD_TOLERANCE = 0.01  # largest change of a typical pod's frequency that keeps the learnt workload
 _MIG_EXISTING_BONUS = 1e6  # prefer an idle existing instance over any re-partitioning
 _MIG_ENABLED_BONUS = 1e5  # then a GPU already in MIG mode over switching a new one
 _MIG_DESTROY_PENALTY = 1e4  # per idle instance a re-partition destroys
@@ -124,9 +125,13 @@ class Placer:
         self._recent.append(req)
         self._since_refresh += 1
         if not self._fixed_workload and (self._workload is None or self._since_refresh >= 500):
-            self._workload = TypicalPods.from_requests(self._recent)
+            fresh = TypicalPods.from_requests(self._recent)
             self._since_refresh = 0
-            self._frag_cache = None
+            # keep the model (and the cached scores) while the typical pods stay the same shapes and
+            # their frequencies move by less than WORKLOAD_TOLERANCE
+            if self._workload is None or not fresh.close_to(self._workload, WORKLOAD_TOLERANCE):
+                self._workload = fresh
+                self._frag_cache = None
 
     @property
     def workload(self) -> TypicalPods | None:
