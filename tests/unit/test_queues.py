@@ -83,7 +83,10 @@ def test_victims_are_whole_minimal_and_borrowers_first() -> None:
     assert [v.job_id for v in victims] == ["gang-a"]  # evicted / needed = 1
     assert select_victims(running, lambda vs: freed(vs) >= 100) is None
     # a reclaim never takes a queue below its guarantee
-    assert select_victims(running[:2], lambda vs: freed(vs) >= 8, borrowed={"org/prod": 4}) is None
+    assert select_victims(running[:2], lambda vs: freed(vs) >= 8, borrowed={"org/prod": 4},
+                          protect_guarantee=True) is None
+    # a higher-priority preemptor may take a queue below its guarantee
+    assert select_victims(running[:2], lambda vs: freed(vs) >= 8, borrowed={"org/prod": 4}) is not None
     protected = [RunningJob("young", "org/prod", 0, 8, 1, preemptible=False)]
     assert select_victims(protected, lambda vs: freed(vs) >= 8) is None
 

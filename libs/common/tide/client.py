@@ -124,6 +124,11 @@ class TideClient:
         reply = await self.nc.request(subjects.API_QUEUES, b"{}", timeout=5)
         return json.loads(reply.data)["queues"]
 
+    async def apply_queues(self, config: Any) -> dict[str, Any]:
+        """Replace the queue tree at run time; returns {"ok": True, "queues": [...]} or {"ok": False, "error"}."""
+        reply = await self.nc.request(subjects.API_QUEUES_APPLY, json.dumps(config).encode(), timeout=5)
+        return json.loads(reply.data)
+
     async def events(self) -> AsyncIterator[JobEvent]:
         sub = await self.nc.subscribe(subjects.JOB_EVENTS_ALL)
         try:

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     # placer
     placer_tick_s: float = 1.0
     node_lost_after_s: float = Field(default=15.0, description="no heartbeat for this long: the node is lost")
+    min_runtime_s: float = Field(default=60.0, description="a job runs this long before it can be preempted again")
+    preemption_timeout_s: float = Field(default=120.0, description="wait this long for victims before preempting again")
     placer_policy: str = Field(default="default", description="placement policy (tide.core.POLICIES)")
     start_ack_timeout_s: float = 5.0
     reservation_ttl_s: float = Field(default=30.0, description="a gang's claims lapse unless committed by then")
@@ -66,3 +68,4 @@ class Settings(BaseSettings):
 
     # queue
     max_payload_bytes: int = 64 * 1024
+    queue_config: Path | None = Field(default=None, description="YAML/JSON queue tree loaded at start")

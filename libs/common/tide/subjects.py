@@ -62,6 +62,7 @@ PLACER_KICK = f"{PREFIX}.placer.kick"
 # Request/reply APIs used by the CLI
 API_STATUS = f"{PREFIX}.api.status"
 API_QUEUES = f"{PREFIX}.api.queues"
+API_QUEUES_APPLY = f"{PREFIX}.api.queues.apply"  # admin: replace the queue tree at run time
 API_NODES = f"{PREFIX}.api.nodes"
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
-from tide.schemas.events import ExitReason, StartPod
+from tide.schemas.events import ExitReason, StartPod, parse_agent_pod_id
 
 log = structlog.get_logger()
 
@@ -30,6 +30,10 @@ OOM_PATTERNS = re.compile(
 )
 AT_LIMIT_RATIO = 0.95
 """A pod whose GPU memory reached this share of its limit and then failed is reported as OOM."""
+
+
+CHECKPOINT_ENV = "TIDE_CHECKPOINT_FILE"
+CHECKPOINT_POLL_S = 0.05
 
 
 def pod_environment(cmd: StartPod, base: dict[str, str], gpu_uuids: list[str] | None = None,
@@ -50,7 +54,9 @@ def pod_environment(cmd: StartPod, base: dict[str, str], gpu_uuids: list[str] | 
     if mps_dirs is not None and (cmd.share_sm_percent is not None or cmd.share_memory_mib is not None):
         env["CUDA_MPS_PIPE_DIRECTORY"], env["CUDA_MPS_LOG_DIRECTORY"] = str(mps_dirs[0]), str(mps_dirs[1])
     env["TIDE_JOB_ID"] = cmd.job_id
-    env["TIDE_POD_NAME"] = cmd.pod
+    name, attempt = parse_agent_pod_id(cmd.pod)
+    env["TIDE_POD_NAME"] = name
+    env["TIDE_ATTEMPT"] = str(attempt)
     env["TIDE_POD_INDEX"] = str(cmd.pod_index)
     env["TIDE_WORLD_SIZE"] = str(cmd.world_size)
     return env
@@ -218,20 +224,36 @@ class PodProcess:
     cleanup_argv: list[str] | None = None
     cpus: list[int] | None = None
     argv: list[str] = field(default_factory=list)
+    checkpoint_path: Path | None = None
+    checkpointed: bool = False
 
     @property
     def key(self) -> str:
         return f"{self.cmd.job_id}/{self.cmd.pod}"
 
     async def stop(self, grace_s: float) -> None:
-        """SIGTERM the whole process group, SIGKILL it after ``grace_s``."""
+        """SIGTERM the whole process group, SIGKILL it after ``grace_s``.
+
+        A pod that acknowledges its checkpoint (creates ``$TIDE_CHECKPOINT_FILE``) during the grace
+        period is killed at once: it has saved its work, waiting longer only wastes GPUs.
+        """
         if self.proc.returncode is not None:
             return
         self.stopping = True
         _killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=grace_s)
-        except TimeoutError:
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while self.proc.returncode is None:
+            if self.checkpoint_path is not None and self.checkpoint_path.exists():
+                self.checkpointed = True
+                break
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout=min(left, CHECKPOINT_POLL_S))
+            except TimeoutError:
+                pass
+        if self.proc.returncode is None:
             _killpg(self.proc.pid, signal.SIGKILL)
             if self.cleanup_argv:
                 await _run_quietly(self.cleanup_argv)
@@ -325,6 +347,9 @@ async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: Lau
     log_path = pod_dir / f"{cmd.pod}.log"
     if spec is None:
         spec = LaunchSpec(argv=list(cmd.command), env=pod_environment(cmd, dict(os.environ)))
+    checkpoint_path = pod_dir / f"{cmd.pod}.checkpoint"
+    checkpoint_path.unlink(missing_ok=True)
+    spec.env[CHECKPOINT_ENV] = str(checkpoint_path)
     log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -340,7 +365,7 @@ async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: Lau
     finally:
         log_file.close()
     pod = PodProcess(cmd=cmd, proc=proc, log_path=log_path, cleanup_argv=spec.cleanup_argv, cpus=spec.cpus,
-                     argv=spec.argv)
+                     argv=spec.argv, checkpoint_path=checkpoint_path)
 
     async def wait() -> None:
         rc = await proc.wait()

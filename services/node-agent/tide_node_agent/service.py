@@ -363,6 +363,7 @@ class NodeAgent:
                        peak_memory_bytes=s.peak_bytes if s else None)
         await self._status(PodExited(node_id=self.node_id, job_id=pod.cmd.job_id, pod=pod.cmd.pod,
                                      exit_code=rc, signal=sig, reason=reason, message=message,
+                                     checkpointed=pod.checkpointed,
                                      peak_memory_bytes=s.peak_bytes if s else None,
                                      memory_limit_bytes=(s.gpus.memory_limit_bytes or None) if s else None))
 

@@ -37,8 +37,8 @@ def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | No
             else:
                 p.state = PodState.FAILED
     live = [p.name for p in record.pods if p.state not in POD_DONE_STATES and p.node]
-    if record.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
-        return None, live
+    if record.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED):
+        return None, live  # a preempted job is requeued by the placer once its last pod is gone
     if record.cancel_requested:
         if not live:
             record.state = JobState.CANCELLED

@@ -13,7 +13,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from tide.core import MILLI, Allocation, Cluster, Placer, PodRequest, Unfit, never_fits, profiles_for
+from tide.core import (
+    MILLI,
+    PROFILES_BY_MODEL,
+    Allocation,
+    Cluster,
+    Placer,
+    PodRequest,
+    Unfit,
+    never_fits,
+    profiles_for,
+)
 from tide.core.gang import place_gang
 from tide.core.topology import Level
 from tide.schemas.job import JobSpec, PriorityClass
@@ -136,6 +146,18 @@ def earmark(cluster: Cluster, spec: JobSpec) -> list[str]:
         if held >= need:
             break
     return chosen
+
+
+def job_demand(spec: JobSpec) -> dict[str, float]:
+    """What the whole gang holds, in the queues' units: GPUs (shares and MIG as fractions), mCPU, MiB."""
+    request = pod_request(spec)
+    gang = spec.spec.gang_size
+    if request.kind == "mig":
+        gpus = next((p.compute for t in PROFILES_BY_MODEL.values() for n, p in t.items() if n == request.mig_profile),
+                    7) / 7
+    else:
+        gpus = request.gpu_count + request.gpu_milli / MILLI
+    return {"gpu": gang * gpus, "cpu": float(gang * request.cpu_milli), "memory": float(gang * request.memory_mib)}
 
 
 def describe(request: PodRequest) -> str:

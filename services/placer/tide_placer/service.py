@@ -3,9 +3,13 @@
 A cycle (on a kick, a pod exit, a registration, or every tick) does, in order:
 1. reconcile: release lapsed gang reservations and roll their jobs back; declare silent nodes lost;
 2. stop the pods of jobs being cancelled or failed;
-3. walk the pending jobs in admission order and place each gang whole, reserve it in Redis with a
-   TTL, start its pods, and commit once every agent acknowledged the start; a blocked gang at the
-   head earmarks nodes that the jobs behind it may not take (the backfill rule, see ``earmark``).
+3. order the pending jobs (``tide.core.queues``: guarantees, weighted dominant-resource fair share,
+   priority, age), check each queue's limits, and place each gang whole: reserve it in Redis with
+   a TTL, start its pods, and commit once every agent acknowledged the start;
+4. a job that does not fit may preempt: a higher priority class evicts lower ones, a queue below
+   its guarantee reclaims from queues borrowing beyond theirs (victims chosen by the core, whole
+   jobs, gracefully: checkpoint notice, SIGTERM, grace, SIGKILL; they are requeued, not failed);
+5. otherwise a blocked gang earmarks nodes the jobs behind it may not take (the backfill rule).
 """
 
 from __future__ import annotations
@@ -22,6 +26,18 @@ from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.core import DEFAULT_POLICY, Allocation, Cluster, OversubscriptionError, Placer, Unfit
 from tide.core.queue_order import pending_score
+from tide.core.queues import (
+    PendingJob,
+    QueueTree,
+    RunningJob,
+    add,
+    below_guarantee,
+    order_pending,
+    over_guarantee,
+    select_victims,
+    usage_tree,
+    within_limits,
+)
 from tide.events import publish_job_event
 from tide.schemas.events import (
     NODE_STATUS,
@@ -42,6 +58,7 @@ from tide.schemas.events import (
     agent_pod_id,
     parse_agent_pod_id,
 )
+from tide.schemas.job import PRIORITY_VALUES, PriorityClass
 from tide.schemas.node import NodeDescription
 from tide.settings import Settings
 from tide.store import keys
@@ -51,7 +68,15 @@ from tide.store.redis import connect_redis
 from tide.tracing import job_span
 
 from tide_placer.outcome import mark_pod_exited, mark_pod_started
-from tide_placer.placement import PodPlacement, claim_items, earmark, is_preemptible, place_job, pod_request
+from tide_placer.placement import (
+    PodPlacement,
+    claim_items,
+    earmark,
+    is_preemptible,
+    job_demand,
+    place_job,
+    pod_request,
+)
 
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.placer")
@@ -140,29 +165,69 @@ class PlacerService:
                 log.warning("claim_replay_failed", claim=key, error=str(exc))
         return nodes, cluster
 
+    async def queue_tree(self) -> QueueTree:
+        raw = await self.redis.get(keys.QUEUE_CONFIG)
+        return QueueTree.from_config(json.loads(raw) if raw else None)
+
+    async def running_jobs(self) -> dict[str, tuple[JobRecord, list[Allocation]]]:
+        """Every job holding claims, with its allocations."""
+        allocs: dict[str, list[Allocation]] = {}
+        for key, alloc in (await self.claims.all_claims()).items():
+            allocs.setdefault(key.split(":")[2], []).append(Allocation.from_dict(alloc))
+        out = {}
+        for job_id, held in allocs.items():
+            record = await self.jobs.get(job_id)
+            if record is not None:
+                out[job_id] = (record, held)
+        return out
+
     async def _place_pending(self) -> None:
-        pending = await self.jobs.pending()
-        if not pending:
+        pending_ids = await self.jobs.pending()
+        if not pending_ids:
             return
         nodes, cluster = await self.load_cluster()
         if not nodes:
             return
         lost = set(await self.redis.smembers(keys.LOST_NODES))
-        earmarked: list[str] = []
+        tree = await self.queue_tree()
+        running = await self.running_jobs()
+        capacity = {
+            "gpu": float(cluster.gpu_exists.sum()),
+            "cpu": float(cluster.cpu_cap.sum()),
+            "memory": float(cluster.mem_cap.sum()),
+        }
+        usage = usage_tree(tree, [(r.spec.metadata.queue, job_demand(r.spec)) for r, _ in running.values()])
         now = time.time()
-        for job_id in pending:
+        records: dict[str, JobRecord] = {}
+        for job_id in pending_ids:
             record = await self.jobs.get(job_id)
             if record is None or record.state not in PLACEABLE or record.cancel_requested:
                 await self.jobs.dequeue(job_id)
                 continue
-            if record.not_before > now:
+            if record.not_before <= now:
+                records[job_id] = record
+        order = order_pending(tree, [
+            PendingJob(r.job_id, r.spec.metadata.queue, PRIORITY_VALUES[r.spec.metadata.priority_class],
+                       r.submitted_at, job_demand(r.spec), nominated=r.nominated_at is not None)
+            for r in records.values()
+        ], usage, capacity)
+        earmarked: list[str] = []
+        for pending in order:
+            record = records[pending.job_id]
+            job_id = record.job_id
+            over = within_limits(tree, record.spec.metadata.queue, pending.demand, usage)
+            if over:
+                await self._not_placed(record, Unfit(over, True))
                 continue
             exclude = lost | set(record.avoid_nodes)
-            if not is_preemptible(record.spec):
+            if not is_preemptible(record.spec) and not fits_before(record, earmarked, running, now):
                 exclude |= set(earmarked)
             result = place_job(self.placer, cluster, record.spec, nodes, exclude)
             if isinstance(result, Unfit):
                 reason = result.reason
+                if result.resolvable and await self._try_preemption(record, cluster, nodes, running, tree, usage,
+                                                                    exclude):
+                    continue
                 if result.resolvable and not earmarked and record.spec.spec.gang_size > 1:
                     earmarked = earmark(cluster, record.spec)
                     reason += f"; earmarked {len(earmarked)} node(s) so it is not starved"
@@ -174,6 +239,9 @@ class PlacerService:
                 for p in result:
                     self.placer.observe(pod_request(record.spec))
                     cluster.allocate(p.alloc)
+                running[job_id] = (record, [p.alloc for p in result])
+                for path in tree.ancestors(tree.resolve(record.spec.metadata.queue)):
+                    usage[path] = add(usage.get(path, {}), pending.demand)
             else:
                 nodes, cluster = await self.load_cluster()
 
@@ -192,6 +260,115 @@ class PlacerService:
         if updated is not None and state == JobState.UNSCHEDULABLE:
             log.info("job_unschedulable", job_id=record.job_id, reason=unfit.reason)
             await publish_job_event(self.js, updated, "unschedulable")
+
+    # ------------------------------------------------------------ preemption
+    async def _try_preemption(
+        self,
+        record: JobRecord,
+        cluster: Cluster,
+        nodes: list[NodeDescription],
+        running: dict[str, tuple[JobRecord, list[Allocation]]],
+        tree: QueueTree,
+        usage: dict[str, dict[str, float]],
+        exclude: set[str],
+    ) -> bool:
+        """Evict the cheapest whole set of victims that lets ``record`` fit; True when it did (or waits)."""
+        now = time.time()
+        if record.nominated_at is not None and now - record.nominated_at < self.settings.preemption_timeout_s:
+            return True  # its victims are still stopping
+        priority = PRIORITY_VALUES[record.spec.metadata.priority_class]
+        queue = tree.resolve(record.spec.metadata.queue)
+        reclaim = below_guarantee(tree.spec(queue), usage.get(queue, {}))
+        borrowed: dict[str, float] = {}
+        candidates: list[RunningJob] = []
+        for job_id, (victim, _) in running.items():
+            if victim.state != JobState.RUNNING or job_id == record.job_id:
+                continue
+            v_priority = PRIORITY_VALUES[victim.spec.metadata.priority_class]
+            v_queue = tree.resolve(victim.spec.metadata.queue)
+            over = over_guarantee(tree.spec(v_queue), usage.get(v_queue, {}))
+            if over > 0:
+                borrowed[v_queue] = over
+            by_priority = v_priority < priority
+            by_reclaim = reclaim and v_queue != queue and over > 0 and v_priority <= priority
+            if not (by_priority or by_reclaim):
+                continue
+            started = victim.started_at or now
+            candidates.append(RunningJob(
+                job_id=job_id,
+                queue=v_queue,
+                priority=v_priority,
+                gpus=job_demand(victim.spec)["gpu"],
+                work_lost_s=now - max(started, victim.last_checkpoint_at or 0.0),
+                preemptible=victim.spec.metadata.priority_class == PriorityClass.BEST_EFFORT
+                or now - started >= self.settings.min_runtime_s,
+            ))
+        if not candidates:
+            return False
+
+        def fits_without(victims: list[RunningJob]) -> bool:
+            what_if = cluster.copy()
+            for v in victims:
+                for alloc in running[v.job_id][1]:
+                    what_if.release(alloc)
+            return not isinstance(place_job(self.placer, what_if, record.spec, nodes, exclude), Unfit)
+
+        only_reclaim = all(PRIORITY_VALUES[running[c.job_id][0].spec.metadata.priority_class] >= priority
+                           for c in candidates)
+        victims = select_victims(candidates, fits_without, borrowed, protect_guarantee=only_reclaim)
+        if not victims:
+            return False
+        needed = job_demand(record.spec)["gpu"]
+        evicted = sum(v.gpus for v in victims)
+        why = "reclaiming its queue's guarantee" if only_reclaim else f"priority {record.spec.metadata.priority_class}"
+        log.info("preemption", job_id=record.job_id, victims=[v.job_id for v in victims], reason=why,
+                 gpus_evicted=evicted, gpus_needed=needed, ratio=round(evicted / needed, 2) if needed else None)
+        for v in victims:
+            await self._preempt(v.job_id, record.job_id, why)
+            victim, _ = running.pop(v.job_id)  # its GPUs stay taken until its pods are gone
+            for path in tree.ancestors(tree.resolve(victim.spec.metadata.queue)):
+                usage[path] = add(usage.get(path, {}), job_demand(victim.spec), -1.0)
+
+        def nominate(r: JobRecord) -> bool:
+            r.nominated_at = time.time()
+            r.reason = f"preempting {', '.join(v.job_id for v in victims)} ({why})"
+            return True
+
+        await self.jobs.update(record.job_id, nominate)
+        return True
+
+    async def _preempt(self, job_id: str, by: str, why: str) -> None:
+        """Stop a running job gracefully (checkpoint notice, SIGTERM, grace, SIGKILL) and requeue it."""
+        def mark(r: JobRecord) -> bool:
+            if r.state != JobState.RUNNING:
+                return False
+            r.state, r.reason, r.preempted_by = JobState.PREEMPTED, f"preempted by {by} ({why})", by
+            r.preemptions += 1
+            return True
+
+        updated = await self.jobs.update(job_id, mark)
+        if updated is None:
+            return
+        await publish_job_event(self.js, updated, "checkpoint", reason="checkpoint now: preemption follows")
+        await publish_job_event(self.js, updated, "preempted")
+        await self.jobs.request_stop(job_id)
+        self._kick.set()
+
+    async def _requeue_preempted(self, job_id: str) -> None:
+        def back(r: JobRecord) -> bool:
+            if r.state != JobState.PREEMPTED or any(p.node and p.state not in POD_DONE_STATES for p in r.pods):
+                return False
+            r.state, r.reason = JobState.PENDING, f"requeued after preemption by {r.preempted_by}"
+            for p in r.pods:
+                p.node, p.gpus, p.state, p.exit_code, p.reason = None, [], PodState.PENDING, None, None
+            return True
+
+        updated = await self.jobs.update(job_id, back)
+        if updated is not None:
+            await self.jobs.stop_done(job_id)
+            await self.jobs.requeue(job_id, pending_score_of(updated))
+            await publish_job_event(self.js, updated, "requeued")
+            self._kick.set()
 
     # ------------------------------------------------------------ reserve -> start -> commit
     async def _bind(self, record: JobRecord, placements: list[PodPlacement], nodes: list[NodeDescription]) -> bool:
@@ -224,6 +401,7 @@ class PlacerService:
             if r.state not in PLACEABLE or r.cancel_requested or r.attempts != attempt - 1:
                 return False
             r.state, r.reason, r.attempts, r.reservation = JobState.PENDING, "starting", attempt, resv
+            r.nominated_at = None
             for p in placements:
                 pod = r.pods[p.pod_index]
                 pod.node, pod.state = p.alloc.node_id, PodState.STARTING
@@ -250,7 +428,8 @@ class PlacerService:
                 pod_index=p.pod_index,
                 world_size=len(placements),
                 command=tmpl.command,
-                env=tmpl.env,
+                env={**tmpl.env, "TIDE_PREEMPTIONS": str(updated.preemptions),
+                     "TIDE_LAST_CHECKPOINT_AT": str(updated.last_checkpoint_at or "")},
                 gpus=assignments[p.pod_index],
                 share_sm_percent=share.sm_percent if share else None,
                 share_memory_mib=share.memory_mib if share else None,
@@ -336,6 +515,8 @@ class PlacerService:
                 await self.jobs.stop_done(job_id)
                 if record.cancel_requested and record.state not in TERMINAL_STATES:
                     await self._finish_cancel(job_id)
+                elif record.state == JobState.PREEMPTED:
+                    await self._requeue_preempted(job_id)
                 continue
             grace = record.spec.spec.grace_period_s
             for pod in live:
@@ -459,6 +640,8 @@ class PlacerService:
         def change(r: JobRecord) -> bool:
             if r.attempts != attempt:
                 return False
+            if exited.checkpointed:
+                r.last_checkpoint_at = exited.ts
             outcome.append(mark_pod_exited(r, named))
             return True
 
@@ -474,6 +657,9 @@ class PlacerService:
             await publish_job_event(self.js, record, new_state.value)
         if to_stop:
             await self.jobs.request_stop(record.job_id)
+        if record.state == JobState.PREEMPTED and not any(p.node and p.state not in POD_DONE_STATES
+                                                          for p in record.pods):
+            await self._requeue_preempted(record.job_id)
 
     # ------------------------------------------------------------ API
     async def _api_nodes(self, msg: Msg) -> None:
@@ -496,6 +682,25 @@ class PlacerService:
                 "last_seen_s": round(now - self.last_seen[n.node_id], 1) if n.node_id in self.last_seen else None,
             })
         await msg.respond(json.dumps({"nodes": out}).encode())
+
+
+def fits_before(record: JobRecord, earmarked: list[str], running: dict[str, tuple[JobRecord, list[Allocation]]],
+                now: float) -> bool:
+    """Backfill: may this job use the nodes earmarked for a waiting gang? Only if its declared runtime
+    ends before every job now on those nodes is expected to end (so it cannot delay the gang)."""
+    estimate = record.spec.spec.runtime_estimate_s
+    if not earmarked or estimate is None:
+        return False
+    marked = set(earmarked)
+    gang_start = now
+    for other, allocs in running.values():
+        if not any(a.node_id in marked for a in allocs):
+            continue
+        other_estimate = other.spec.spec.runtime_estimate_s
+        if other_estimate is None:
+            return False  # unknown end: the gang's start cannot be bounded, no backfill there
+        gang_start = max(gang_start, (other.started_at or now) + other_estimate)
+    return now + estimate <= gang_start
 
 
 def pending_score_of(record: JobRecord) -> float:

@@ -7,11 +7,13 @@ import json
 import time
 
 import structlog
+import yaml
 from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
 from tide.core.queue_order import pending_score
+from tide.core.queues import QueueTree
 from tide.events import publish_job_event
 from tide.schemas.events import (
     TERMINAL_STATES,
@@ -48,6 +50,10 @@ class QueueService:
         self.jobs = JobStore(self.redis)
         await self.nc.subscribe(subjects.API_STATUS, cb=self._api_status)
         await self.nc.subscribe(subjects.API_QUEUES, cb=self._api_queues)
+        await self.nc.subscribe(subjects.API_QUEUES_APPLY, cb=self._api_queues_apply)
+        if self.settings.queue_config is not None:
+            config = yaml.safe_load(self.settings.queue_config.read_text())
+            await self.apply_queue_config(config)
 
     async def run(self, stop: asyncio.Event) -> None:
         await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop)
@@ -166,10 +172,48 @@ class QueueService:
             body = {"jobs": [], "error": repr(exc)}
         await msg.respond(json.dumps(body).encode())
 
+    async def apply_queue_config(self, config: object) -> QueueTree:
+        """Validate and store the queue tree; the placer uses it from its next cycle on."""
+        tree = QueueTree.from_config(config)  # raises ValueError with the reason
+        await self.redis.set(keys.QUEUE_CONFIG, json.dumps(config))
+        log.info("queue_config_applied", queues=sorted(q for q in tree.queues if q))
+        await self.nc.publish(subjects.PLACER_KICK, b"queues")
+        return tree
+
+    async def _api_queues_apply(self, msg: Msg) -> None:
+        try:
+            config = yaml.safe_load(msg.data)
+            tree = await self.apply_queue_config(config)
+            body = {"ok": True, "queues": sorted(q for q in tree.queues if q)}
+        except (ValueError, TypeError, KeyError, yaml.YAMLError) as exc:
+            body = {"ok": False, "error": str(exc)}
+        await msg.respond(json.dumps(body).encode())
+
     async def _api_queues(self, msg: Msg) -> None:
+        raw = await self.redis.get(keys.QUEUE_CONFIG)
+        tree = QueueTree.from_config(json.loads(raw) if raw else None)
         records = await self.jobs.recent(5000)
-        queues: dict[str, dict[str, int]] = {}
+        queues: dict[str, dict[str, object]] = {}
+        for path, spec in tree.queues.items():
+            if path:
+                queues[path] = queue_row(spec.weight, dict(spec.guarantee), dict(spec.limit or {}))
         for r in records:
-            q = queues.setdefault(r.spec.metadata.queue, {s.value: 0 for s in JobState})
-            q[r.state.value] += 1
+            q = queues.setdefault(r.spec.metadata.queue, queue_row())
+            q[r.state.value] = int(q[r.state.value]) + 1  # type: ignore[call-overload]
+            if r.state == JobState.RUNNING:
+                demand = job_gpus(r)
+                for path in tree.ancestors(tree.resolve(r.spec.metadata.queue)):
+                    row = queues.setdefault(path, queue_row())
+                    row["gpus_in_use"] = float(row["gpus_in_use"]) + demand  # type: ignore[arg-type]
         await msg.respond(json.dumps({"queues": queues}).encode())
+
+
+def queue_row(weight: float = 1.0, guarantee: dict | None = None, limit: dict | None = None) -> dict[str, object]:
+    return {"weight": weight, "guarantee": guarantee or {}, "limit": limit or {}, "gpus_in_use": 0.0,
+            **{s.value: 0 for s in JobState}}
+
+
+def job_gpus(record: JobRecord) -> float:
+    res = record.spec.spec.template.resources
+    per_pod = res.gpu + (res.gpu_share.sm_percent / 100 if res.gpu_share else 0)
+    return per_pod * record.spec.spec.gang_size

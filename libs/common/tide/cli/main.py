@@ -50,7 +50,8 @@ def load_spec(path: str) -> Any:
 def cmd_up(args: argparse.Namespace) -> int:
     home: Path = args.home
     nodes = cluster_nodes(args.nodes, Path(args.node_file) if args.node_file else None)
-    stack = Stack(home, nodes)
+    env = {"queue": {"TIDE_QUEUE_CONFIG": str(Path(args.queue_config).resolve())}} if args.queue_config else {}
+    stack = Stack(home, nodes, env=env)
     print(f"starting Tide in {home} with {len(nodes)} simulated node(s)...", flush=True)
     info = stack.start()
     print(f"  NATS (JetStream)  {info.nats_url}")
@@ -218,15 +219,26 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
+    config = load_spec(args.apply) if args.apply else None
+
     async def go(client: TideClient) -> int:
+        if config is not None:
+            result = await client.apply_queues(config)
+            if not result["ok"]:
+                print(f"rejected: {result['error']}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            print(f"applied: {', '.join(result['queues'])}")
+            return EXIT_OK
         queues = await client.queues()
         if args.json:
             print(json.dumps(queues))
             return EXIT_OK
-        print(f"{'QUEUE':<24} {'PENDING':>8} {'RUNNING':>8} {'DONE':>8} {'FAILED':>8}")
+        print(f"{'QUEUE':<24} {'WEIGHT':>6} {'GUAR.GPU':>8} {'LIMIT.GPU':>9} {'IN USE':>7} {'PENDING':>8} "
+              f"{'RUNNING':>8} {'DONE':>6} {'FAILED':>6}")
         for name, c in sorted(queues.items()):
-            print(f"{name:<24} {c['pending'] + c['unschedulable']:>8} {c['running']:>8} {c['succeeded']:>8} "
-                  f"{c['failed']:>8}")
+            print(f"{name:<24} {c['weight']:>6g} {c['guarantee'].get('gpu', '-'):>8} {c['limit'].get('gpu', '-'):>9} "
+                  f"{c['gpus_in_use']:>7g} {c['pending'] + c['unschedulable'] + c['preempted']:>8} "
+                  f"{c['running']:>8} {c['succeeded']:>6} {c['failed']:>6}")
         return EXIT_OK
 
     return asyncio.run(_with_client(args, go))
@@ -257,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run NATS, Redis, the services and simulated node agents")
     up.add_argument("--nodes", type=int, default=2, help="simulated 8 x H100 nodes (default 2)")
     up.add_argument("--node-file", help="YAML/JSON node descriptions instead of --nodes")
+    up.add_argument("--queue-config", help="YAML/JSON queue tree (quotas, weights); see docs/scheduling.md")
     mode = up.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="return once every part is ready")
     mode.add_argument("--demo", action="store_true", help="run the demo jobs to completion, then stop")
@@ -288,8 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--json", action="store_true")
     n.set_defaults(fn=cmd_nodes)
 
-    q = sub.add_parser("queues", help="jobs per queue and state")
+    q = sub.add_parser("queues", help="queues: quotas, usage, jobs per state; --apply FILE replaces the tree")
     q.add_argument("--json", action="store_true")
+    q.add_argument("--apply", metavar="FILE", help="YAML/JSON queue tree to apply at run time")
     q.set_defaults(fn=cmd_queues)
 
     sub.add_parser("watch", help="live job events").set_defaults(fn=cmd_watch)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from tide.core.cluster import Cluster
-from tide.core.gang import LEVEL_COST, _node_allocations, comm_cost, node_capacity, pod_position
 from tide.core.filtering import node_filter
+from tide.core.gang import LEVEL_COST, _node_allocations, comm_cost, node_capacity, pod_position
 from tide.core.model import PodRequest
 from tide.core.topology import distance
 

@@ -198,13 +198,14 @@ def select_victims(
     candidates: Iterable[RunningJob],
     fits_without: Callable[[list[RunningJob]], bool],
     borrowed: Mapping[str, float] | None = None,
+    protect_guarantee: bool = False,
 ) -> list[RunningJob] | None:
     """The cheapest whole jobs whose eviction lets the preemptor fit, or None.
 
     Order of preference: jobs of queues borrowing beyond their guarantee (``borrowed`` gives how much
-    each queue borrows; a reclaim never takes a queue below its guarantee when ``borrowed`` is given
-    for it), then lower priority, then least work lost. Greedy until it fits, then every victim that
-    is not needed is dropped again (last chosen first), so no more is evicted than needed.
+    each queue borrows), then lower priority, then least work lost. With ``protect_guarantee`` (a
+    reclaim) no queue is taken below its guarantee. Greedy until it fits, then every victim that is
+    not needed is dropped again (last chosen first), so no more is evicted than needed.
     """
     borrowed = dict(borrowed or {})
     pool = sorted(
@@ -216,7 +217,7 @@ def select_victims(
     for c in pool:
         if fits_without(chosen):
             break
-        if c.queue in left and left[c.queue] + EPS < c.gpus:
+        if protect_guarantee and left.get(c.queue, 0.0) + EPS < c.gpus:
             continue  # taking it would push its queue below its guarantee
         chosen.append(c)
         if c.queue in left:

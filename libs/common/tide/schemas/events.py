@@ -105,6 +105,10 @@ class JobRecord(BaseModel):
     attempts: int = 0
     cancel_requested: bool = False
     reservation: str | None = Field(default=None, description="open gang reservation (until commit)")
+    nominated_at: float | None = Field(default=None, description="when it started preempting victims to fit")
+    preemptions: int = Field(default=0, description="times it was preempted")
+    preempted_by: str | None = None
+    last_checkpoint_at: float | None = Field(default=None, description="last acknowledged checkpoint")
     avoid_nodes: list[str] = Field(default_factory=list, description="nodes that failed to start this job")
     not_before: float = Field(default=0.0, description="requeue backoff: not placed before this time")
     pods: list[PodRecord] = Field(default_factory=list)
@@ -163,6 +167,7 @@ class PodExited(Message):
     message: str = ""
     peak_memory_bytes: int | None = Field(default=None, description="peak GPU memory of the pod's processes")
     memory_limit_bytes: int | None = Field(default=None, description="the GPU memory the pod was given")
+    checkpointed: bool = Field(default=False, description="it acknowledged a checkpoint before it stopped")
 
 
 NodeStatus = Annotated[NodeRegistered | PodStarted | PodExited, Field(discriminator="kind")]

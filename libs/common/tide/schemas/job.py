@@ -100,6 +100,9 @@ class JobBody(_Strict):
     min_member: int | None = Field(default=None, alias="minMember", ge=1, le=MAX_REPLICAS)
     topology: Topology = Field(default_factory=Topology)
     grace_period_s: float = Field(default=30.0, alias="gracePeriodSeconds", ge=0, le=3600)
+    runtime_estimate_s: float | None = Field(
+        default=None, alias="runtimeSeconds", gt=0, le=90 * 24 * 3600,
+        description="expected runtime; lets the job backfill in front of a waiting gang")
     template: PodTemplate
 
     @field_validator("min_member")

@@ -25,7 +25,7 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
     return {
         "queue": {
             "publish": [subjects.JOB_REJECTED, subjects.EVENTS_ALL, subjects.PLACER_KICK, JS_API, JS_ACK],
-            "subscribe": [subjects.API_STATUS, subjects.API_QUEUES, INBOX],
+            "subscribe": [subjects.API_STATUS, subjects.API_QUEUES, subjects.API_QUEUES_APPLY, INBOX],
         },
         "placer": {
             "publish": [subjects.EVENTS_ALL, "tide.node.*.cmd", JS_API, JS_ACK],

@@ -13,6 +13,7 @@ CLAIMS_INDEX = f"{PREFIX}:claims"  # set of claim keys currently held
 RESERVATIONS = f"{PREFIX}:reservations"  # zset reservation id -> expiry (ms, Redis clock)
 RESERVATION_PREFIX = f"{PREFIX}:resv:"  # + id: hash claims (JSON list of claim keys), expires_ms
 EXPIRED_RESERVATIONS = f"{PREFIX}:resv-expired"  # list of lapsed reservation ids for the reconciler
+QUEUE_CONFIG = f"{PREFIX}:queues:config"  # JSON queue tree (tide.core.queues), written by the queue service
 WEIGHTS = f"{PREFIX}:placer:weights"  # hash family -> FamilyWeights JSON (the feedback loop's output)
 
 
