@@ -1,6 +1,6 @@
 """Placement decisions per second on synthetic clusters (one core); prints JSON and a summary line.
 
-    python bench/placer_throughput.py [--policy tide] [--sizes 1000,10000] [--decisions 2000] [--repeat 3]
+    python bench/placer_throughput.py [--policy tide] [--sizes 1000,10000] [--decisions 2000] [--repeat 3] [--live]
 
 Each repeat starts from an empty cluster and a new placer (so the score cache starts cold) and places
 ``--decisions`` pods one by one, applying each allocation. ``decisions_per_s`` is the best wall-clock
@@ -51,23 +51,29 @@ def requests(k: int, seed: int = 1) -> list[PodRequest]:
     return out
 
 
-def bench(n_nodes: int, decisions: int, policy: str, repeat: int = 3) -> dict:
+def bench(n_nodes: int, decisions: int, policy: str, repeat: int = 3, live: bool = False) -> dict:
     nodes = synthetic_nodes(n_nodes)
     reqs = requests(decisions)
     wall, cpu = [], []
     for _ in range(repeat):
         cluster = Cluster.from_descriptions(nodes)
-        placer = Placer(policy, workload=TypicalPods.from_requests(reqs))
+        placer = Placer(policy, workload=None if live else TypicalPods.from_requests(reqs))
         placed = 0
         t0, c0 = time.perf_counter(), time.process_time()
         for r in reqs:
-            res = placer.place(cluster, r)
+            if live:  # as the placer service: decide on a what-if copy, learn the workload online
+                res = placer.place(cluster.copy(), r)
+                if isinstance(res, Allocation):
+                    placer.observe(r)
+            else:
+                res = placer.place(cluster, r)
             if isinstance(res, Allocation):
                 cluster.allocate(res)
                 placed += 1
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    return {"nodes": n_nodes, "gpus": int(cluster.gpu_exists.sum()), "policy": policy, "decisions": decisions,
+    return {"nodes": n_nodes, "gpus": int(cluster.gpu_exists.sum()), "policy": policy, "live": live,
+            "decisions": decisions,
             "placed": placed, "repeats": repeat, "seconds": round(min(wall), 3),
             "decisions_per_s": round(decisions / min(wall), 1), "decisions_per_cpu_s": round(decisions / min(cpu), 1),
             "load_avg_1m": round(os.getloadavg()[0], 2)}
@@ -79,12 +85,14 @@ def main() -> int:
     ap.add_argument("--sizes", default="1000,10000")
     ap.add_argument("--decisions", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--live", action="store_true",
+                    help="as the placer service: each decision on a what-if copy, typical pods learnt online")
     args = ap.parse_args()
-    rows = [bench(int(n), args.decisions, args.policy, args.repeat) for n in args.sizes.split(",")]
+    rows = [bench(int(n), args.decisions, args.policy, args.repeat, args.live) for n in args.sizes.split(",")]
     print(json.dumps(rows))
     print("placer_throughput " + ", ".join(
         f"{r['nodes']} nodes: {r['decisions_per_s']:.0f}/s wall, {r['decisions_per_cpu_s']:.0f}/s CPU" for r in rows)
-        + f" (policy {args.policy}, single-GPU + shared pods)")
+        + f" (policy {args.policy}, single-GPU + shared pods{', live' if args.live else ''})")
     return 0
 
 
