@@ -135,3 +135,53 @@ async def test_job_that_acknowledges_its_checkpoint_is_killed_before_its_grace_e
         assert body["jobs"][0]["preemptions"] == 1
     finally:
         await client.close()
+
+
+async def test_tidal_window_lends_inference_nodes_and_returns_them_on_time(make_stack, tmp_path: Path) -> None:
+    config = tmp_path / "queues.yaml"
+    config.write_text("queues: []\n"
+                      "tides:\n"
+                      "  - {lend: inference, to: training, start: '22:00', end: '07:00', returnBeforeSeconds: 600}\n")
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-02T12:00:00")  # midday: the window is closed
+    env = {"queue": {"TIDE_QUEUE_CONFIG": str(config)},
+           "placer": {"TIDE_CLOCK_FILE": str(clock), "TIDE_MIN_RUNTIME_S": "0"}}
+    stack = make_stack([small_node("train-0", gpus=8, pool="training"),
+                        small_node("infer-0", gpus=8, pool="inference")], env=env)
+    client = await TideClient.connect(stack.info.settings_for("admin"))
+
+    def training(name: str) -> dict:
+        spec = in_queue(job(name, ["sleep", "300"], gpu=8), "default", grace=1.0)
+        spec["spec"]["template"]["nodeSelector"] = {"pool": "training"}
+        return spec
+
+    try:
+        for name in ("night-1", "night-2"):
+            assert (await client.submit(training(name), job_id=name)).accepted
+        await client.wait("night-1", states={"running"}, timeout_s=30)
+        await asyncio.sleep(1.5)
+        assert (await client.job("night-2"))["state"] == "pending"  # no lending by day
+        clock.write_text("2026-12-02T23:00:00")  # the window opens
+        lent = await client.wait("night-2", states={"running"}, timeout_s=30)
+        assert lent["pods"][0]["node"] == "infer-0"
+        clock.write_text("2026-12-03T06:51:00")  # 9 minutes before the end: time to give the node back
+        for _ in range(100):
+            status = await client.job("night-2")
+            if status["state"] == "pending" and not status["pods"][0]["node"]:
+                break
+            await asyncio.sleep(0.1)
+        assert status["state"] == "pending"
+        assert "tidal window returning" in (await client.status("night-2"))["jobs"][0]["reason"] or \
+            (await client.status("night-2"))["jobs"][0]["preempted_by"] == "tide"
+        nodes = {n["node_id"]: n for n in await client.nodes()}
+        assert nodes["infer-0"]["gpus_used_milli"] == 0  # back, empty, before 07:00
+        assert (await client.job("night-1"))["state"] == "running"  # the training pool's own work stays
+        serving = job("serve", ["true"], gpu=8)
+        serving["spec"]["template"]["nodeSelector"] = {"pool": "inference"}
+        assert (await client.submit(serving, job_id="serve")).accepted
+        assert (await client.wait("serve", timeout_s=30))["state"] == "succeeded"
+        clock.write_text("2026-12-03T07:30:00")  # closed: nothing goes back onto inference nodes
+        await asyncio.sleep(1.5)
+        assert (await client.job("night-2"))["state"] == "pending"
+    finally:
+        await client.close()

@@ -135,7 +135,7 @@ def add_usage(usage, tree, queue, demand):
     return out
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, derandomize=True)
 @given(
     weights=st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=2, max_size=4),
     seed=st.integers(0, 10_000),
@@ -144,7 +144,7 @@ def test_long_run_gpu_hours_track_weights_when_all_queues_are_backlogged(weights
     capacity = 64
     total_w = sum(weights)
     guarantees = [capacity * 0.5 * w / total_w for w in weights]
-    result = simulate(weights, guarantees, capacity, steps=400, seed=seed)
+    result = simulate(weights, guarantees, capacity, steps=500, seed=seed)
     assert result["violations"] == 0
     total = sum(result["gpu_time"].values())
     for (q, used), w in zip(result["gpu_time"].items(), weights, strict=True):

@@ -42,6 +42,7 @@ class Settings(BaseSettings):
     node_lost_after_s: float = Field(default=15.0, description="no heartbeat for this long: the node is lost")
     min_runtime_s: float = Field(default=60.0, description="a job runs this long before it can be preempted again")
     preemption_timeout_s: float = Field(default=120.0, description="wait this long for victims before preempting again")
+    clock_file: Path | None = Field(default=None, description="injected wall clock for tides (tests, drills)")
     placer_policy: str = Field(default="default", description="placement policy (tide.core.POLICIES)")
     start_ack_timeout_s: float = 5.0
     reservation_ttl_s: float = Field(default=30.0, description="a gang's claims lapse unless committed by then")

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
+from tide.clock import wall_clock
 from tide.core import DEFAULT_POLICY, Allocation, Cluster, OversubscriptionError, Placer, Unfit
 from tide.core.queue_order import pending_score
 from tide.core.queues import (
@@ -38,6 +39,7 @@ from tide.core.queues import (
     usage_tree,
     within_limits,
 )
+from tide.core.tides import TideRule, TideState, parse_tides
 from tide.events import publish_job_event
 from tide.schemas.events import (
     NODE_STATUS,
@@ -144,6 +146,7 @@ class PlacerService:
         async with self._cycle_lock:
             await self._reconcile()
             await self._process_stop_requests()
+            await self._return_lent_nodes()
             await self._place_pending()
 
     async def _reconcile(self) -> None:
@@ -165,9 +168,10 @@ class PlacerService:
                 log.warning("claim_replay_failed", claim=key, error=str(exc))
         return nodes, cluster
 
-    async def queue_tree(self) -> QueueTree:
+    async def queue_config(self) -> tuple[QueueTree, list[TideRule]]:
         raw = await self.redis.get(keys.QUEUE_CONFIG)
-        return QueueTree.from_config(json.loads(raw) if raw else None)
+        config = json.loads(raw) if raw else None
+        return QueueTree.from_config(config), parse_tides(config)
 
     async def running_jobs(self) -> dict[str, tuple[JobRecord, list[Allocation]]]:
         """Every job holding claims, with its allocations."""
@@ -189,8 +193,9 @@ class PlacerService:
         if not nodes:
             return
         lost = set(await self.redis.smembers(keys.LOST_NODES))
-        tree = await self.queue_tree()
+        tree, tides = await self.queue_config()
         running = await self.running_jobs()
+        tide_states = {rule: rule.state(wall_clock(self.settings.clock_file)) for rule in tides}
         capacity = {
             "gpu": float(cluster.gpu_exists.sum()),
             "cpu": float(cluster.cpu_cap.sum()),
@@ -222,7 +227,8 @@ class PlacerService:
             exclude = lost | set(record.avoid_nodes)
             if not is_preemptible(record.spec) and not fits_before(record, earmarked, running, now):
                 exclude |= set(earmarked)
-            result = place_job(self.placer, cluster, record.spec, nodes, exclude)
+            view = lent_view(cluster, record, tide_states, running)
+            result = place_job(self.placer, view, record.spec, nodes, exclude)
             if isinstance(result, Unfit):
                 reason = result.reason
                 if result.resolvable and await self._try_preemption(record, cluster, nodes, running, tree, usage,
@@ -261,6 +267,22 @@ class PlacerService:
             log.info("job_unschedulable", job_id=record.job_id, reason=unfit.reason)
             await publish_job_event(self.js, updated, "unschedulable")
 
+    # ------------------------------------------------------------ tides
+    async def _return_lent_nodes(self) -> None:
+        """Outside an open window, preempt (gracefully) the borrowed work on lent nodes."""
+        _, tides = await self.queue_config()
+        now = wall_clock(self.settings.clock_file)
+        closing = [(rule, state) for rule in tides if (state := rule.state(now)) != TideState.OPEN]
+        if not closing:
+            return
+        _, cluster = await self.load_cluster()
+        running = await self.running_jobs()
+        for rule, state in closing:
+            for job_id, (record, allocs) in list(running.items()):
+                if record.state == JobState.RUNNING and borrows_from(record, allocs, rule, cluster):
+                    await self._preempt(job_id, "tide", f"tidal window {state}: {rule.lend} nodes go back")
+                    running.pop(job_id)
+
     # ------------------------------------------------------------ preemption
     async def _try_preemption(
         self,
@@ -281,7 +303,8 @@ class PlacerService:
         reclaim = below_guarantee(tree.spec(queue), usage.get(queue, {}))
         borrowed: dict[str, float] = {}
         candidates: list[RunningJob] = []
-        for job_id, (victim, _) in running.items():
+        _, tides = await self.queue_config()
+        for job_id, (victim, allocs) in running.items():
             if victim.state != JobState.RUNNING or job_id == record.job_id:
                 continue
             v_priority = PRIORITY_VALUES[victim.spec.metadata.priority_class]
@@ -291,7 +314,10 @@ class PlacerService:
                 borrowed[v_queue] = over
             by_priority = v_priority < priority
             by_reclaim = reclaim and v_queue != queue and over > 0 and v_priority <= priority
-            if not (by_priority or by_reclaim):
+            # a pool takes its lent nodes back when its own work needs them
+            by_tide = any(selector_pool(record) == rule.lend and borrows_from(victim, allocs, rule, cluster)
+                          for rule in tides)
+            if not (by_priority or by_reclaim or by_tide):
                 continue
             started = victim.started_at or now
             candidates.append(RunningJob(
@@ -682,6 +708,41 @@ class PlacerService:
                 "last_seen_s": round(now - self.last_seen[n.node_id], 1) if n.node_id in self.last_seen else None,
             })
         await msg.respond(json.dumps({"nodes": out}).encode())
+
+
+def selector_pool(record: JobRecord) -> str | None:
+    return record.spec.spec.template.node_selector.get("pool")
+
+
+def borrows_from(record: JobRecord, allocs: list[Allocation], rule: TideRule, cluster: Cluster) -> bool:
+    """Does this job run on nodes that ``rule`` lends to its pool?"""
+    if selector_pool(record) != rule.to:
+        return False
+    return any(cluster.labels[cluster.index[a.node_id]].get("pool") == rule.lend
+               for a in allocs if a.node_id in cluster.index)
+
+
+def lent_view(
+    cluster: Cluster,
+    record: JobRecord,
+    tide_states: dict[TideRule, TideState],
+    running: dict[str, tuple[JobRecord, list[Allocation]]],
+) -> Cluster:
+    """The cluster as ``record`` may see it: in an open window, the lending pool's idle nodes (no work
+    of their own pool) carry the borrowing pool's label."""
+    pool = selector_pool(record)
+    rules = [r for r, s in tide_states.items() if s == TideState.OPEN and r.to == pool]
+    if not rules:
+        return cluster
+    busy = {a.node_id for other, allocs in running.values() if selector_pool(other) != pool for a in allocs}
+    view = cluster.copy()
+    view.labels = [dict(labels) for labels in cluster.labels]
+    view._label_cache = {}
+    for rule in rules:
+        for i, labels in enumerate(view.labels):
+            if labels.get("pool") == rule.lend and view.node_ids[i] not in busy:
+                labels["pool"] = rule.to
+    return view
 
 
 def fits_before(record: JobRecord, earmarked: list[str], running: dict[str, tuple[JobRecord, list[Allocation]]],

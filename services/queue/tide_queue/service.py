@@ -14,6 +14,7 @@ from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
 from tide.core.queue_order import pending_score
 from tide.core.queues import QueueTree
+from tide.core.tides import parse_tides
 from tide.events import publish_job_event
 from tide.schemas.events import (
     TERMINAL_STATES,
@@ -175,6 +176,7 @@ class QueueService:
     async def apply_queue_config(self, config: object) -> QueueTree:
         """Validate and store the queue tree; the placer uses it from its next cycle on."""
         tree = QueueTree.from_config(config)  # raises ValueError with the reason
+        parse_tides(config)  # type: ignore[arg-type]
         await self.redis.set(keys.QUEUE_CONFIG, json.dumps(config))
         log.info("queue_config_applied", queues=sorted(q for q in tree.queues if q))
         await self.nc.publish(subjects.PLACER_KICK, b"queues")

@@ -8,7 +8,7 @@ Admission order (``order_pending``), numbered criteria:
 1. jobs nominated by a preemption already under way (they take what it frees);
 2. queues below their guarantee before queues at or above it, at every level of the tree;
 3. the lowest weighted dominant share (max over resources of usage / cluster capacity, / weight),
-   for a leaf queue counted as if its next job already ran (progressive filling: no bias to small queues);
+   for a leaf queue counted half-way through its next job (no rounding bias to small or large queues);
 4. within a leaf queue: priority, then age (submission time), then job id.
 Each pick adds the job's demand to its queues' usage, so the order interleaves queues fairly.
 """
@@ -39,6 +39,8 @@ class QueueTree:
     def from_config(cls, config: Mapping[str, object] | None) -> QueueTree:
         """``{"queues": [{"name": "org", "weight": 1, "guarantee": {...}, "limit": {...}, "children": [...]}]}``."""
         queues: dict[str, QueueSpec] = {ROOT: QueueSpec(ROOT)}
+        if config is not None and not isinstance(config, Mapping):
+            raise ValueError("a queue config is a mapping with 'queues' (and optional 'tides')")
 
         def walk(items: Iterable[Mapping[str, object]], parent: str) -> None:
             for item in items:
@@ -167,8 +169,10 @@ def order_pending(
 
             def key(c: str) -> tuple[bool, float, str]:
                 spec, u = tree.spec(c), use.get(c, {})
-                after = add(u, by_leaf[c][-1].demand) if by_leaf.get(c) else u  # share once its head runs
-                return (not below_guarantee(spec, u), dominant_share(after, capacity) / spec.weight, c)
+                # the share half-way through admitting its head job: neither the queue before it (which
+                # favours small queues) nor after it (which favours large ones)
+                mid = add(u, by_leaf[c][-1].demand, 0.5) if by_leaf.get(c) else u
+                return (not below_guarantee(spec, u), dominant_share(mid, capacity) / spec.weight, c)
 
             node = min(live, key=key)
         job = by_leaf[node].pop()

@@ -1,0 +1,66 @@
+"""Tidal lending (pure): idle nodes of one pool are lent to another pool's jobs in a daily window.
+
+A rule ``{lend: inference, to: training, start: "22:00", end: "07:00", returnBeforeSeconds: 600}``
+makes idle nodes labelled ``pool=inference`` usable by jobs selecting ``pool=training`` while the
+window is *open*; from ``end - returnBeforeSeconds`` on it is *returning*: the borrowed work is
+preempted gracefully, so the nodes are back, empty, when the window ends. Choose
+``returnBeforeSeconds`` at least the borrowers' grace period plus a scheduling round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, time, timedelta
+from enum import StrEnum
+
+
+class TideState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    RETURNING = "returning"
+
+
+@dataclass(frozen=True)
+class TideRule:
+    lend: str
+    to: str
+    start: time
+    end: time
+    return_before_s: float = 600.0
+
+    def state(self, now: datetime) -> TideState:
+        """Where ``now`` (local wall time) falls in the daily window; windows may cross midnight."""
+        day = timedelta(days=1)
+        for base in (now.date() - day, now.date()):
+            opens = datetime.combine(base, self.start, tzinfo=now.tzinfo)
+            closes = datetime.combine(base, self.end, tzinfo=now.tzinfo)
+            if closes <= opens:
+                closes += day
+            if opens <= now < closes:
+                returning = closes - timedelta(seconds=self.return_before_s)
+                return TideState.RETURNING if now >= returning else TideState.OPEN
+        return TideState.CLOSED
+
+
+def _clock(value: str, field: str) -> time:
+    try:
+        return time.fromisoformat(value)
+    except ValueError as exc:
+        raise ValueError(f"tide {field} {value!r} is not HH:MM") from exc
+
+
+def parse_tides(config: Mapping[str, object] | None) -> list[TideRule]:
+    rules = []
+    for item in (config or {}).get("tides") or []:  # type: ignore[union-attr]
+        rule = TideRule(
+            lend=str(item["lend"]),
+            to=str(item["to"]),
+            start=_clock(str(item["start"]), "start"),
+            end=_clock(str(item["end"]), "end"),
+            return_before_s=float(item.get("returnBeforeSeconds", 600)),
+        )
+        if rule.lend == rule.to:
+            raise ValueError(f"tide lends pool {rule.lend!r} to itself")
+        rules.append(rule)
+    return rules
