@@ -17,7 +17,8 @@ FAMILIES = [
     "tide_gpu_pcie_throughput_bytes_per_second", "tide_gpu_sm_efficiency_ratio", "tide_gpu_fragmentation_ratio",
     "tide_queue_pending_jobs", "tide_queue_wait_seconds_bucket", "tide_gang_wait_seconds_bucket",
     "tide_preemptions_total", "tide_oom_total", "tide_placement_latency_seconds_bucket", "tide_queue_lent_gpus",
-    "tide_queue_borrowed_gpus", "tide_feedback_memory_multiplier", "tide_feedback_affinity",
+    "tide_queue_borrowed_gpus", "tide_pool_lent_gpus", "tide_pool_borrowed_gpus",
+    "tide_feedback_memory_multiplier", "tide_feedback_affinity",
 ]
 
 

@@ -95,3 +95,9 @@ def test_a_jobs_path_becomes_one_trace_with_its_phases() -> None:
     assert all(s.context.trace_id == root.context.trace_id for s in spans.values())
     assert spans["job.run"].parent.span_id == root.context.span_id
     assert [e.name for e in root.events] == ["pod-started", "pod-exited"]
+
+
+def test_pool_lending_from_claims() -> None:
+    held = [("inference", "training", 2.0), ("inference", None, 1.0), ("training", "training", 4.0),
+            ("inference", "inference", 1.0)]
+    assert state.pool_lending(held) == {"inference": (2.0, 0.0), "training": (0.0, 2.0)}

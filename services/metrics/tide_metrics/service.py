@@ -62,6 +62,7 @@ class Snapshot:
     pending: dict[tuple[str, str], int] = field(default_factory=dict)
     queue_used: dict[str, float] = field(default_factory=dict)
     lent_borrowed: dict[str, tuple[float, float]] = field(default_factory=dict)
+    pool_lending: dict[str, tuple[float, float]] = field(default_factory=dict)
     weights: dict[str, FamilyWeights] = field(default_factory=dict)
 
 
@@ -182,6 +183,12 @@ class MetricsService:
         gauge("tide_queue_borrowed_gpus", [lambda o: [Observation(lb[1], {"queue": q})
                                                       for q, lb in self.snapshot.lent_borrowed.items()]],
               unit="{gpu}", description="GPUs a queue uses beyond its guarantee (tidal)")
+        gauge("tide_pool_lent_gpus", [lambda o: [Observation(lb[0], {"pool": p})
+                                                 for p, lb in self.snapshot.pool_lending.items()]],
+              unit="{gpu}", description="GPUs of a pool's nodes held by jobs of other pools (tidal lending)")
+        gauge("tide_pool_borrowed_gpus", [lambda o: [Observation(lb[1], {"pool": p})
+                                                     for p, lb in self.snapshot.pool_lending.items()]],
+              unit="{gpu}", description="GPUs a pool's jobs hold on other pools' nodes (tidal lending)")
         gauge("tide_feedback_memory_multiplier", [lambda o: [
             Observation(w.memory_multiplier, {"family": f}) for f, w in self.snapshot.weights.items()]],
             unit="1", description="the feedback loop's GPU memory multiplier per job family")
@@ -268,6 +275,14 @@ class MetricsService:
         self._know_queue(spec.metadata.queue, spec.metadata.priority_class.value)
         return info
 
+    async def _redis_guarantees(self) -> dict[str, float]:
+        """The queue tree the queue service applies (``tide:queues:config``), when no file is configured."""
+        raw = await self.redis.get(keys.QUEUE_CONFIG)
+        try:
+            return state.load_guarantees(json.loads(raw)) if raw else {}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
     async def _poll(self) -> None:
         r = self.redis
         node_ids = sorted(await r.smembers(keys.NODES))
@@ -294,6 +309,7 @@ class MetricsService:
         weights = {f: FamilyWeights.model_validate_json(w) for f, w in out[-1].items()}
         specs = [info.spec for job_id in pending_ids if (info := await self.job_info(job_id)) is not None]
         queue_used: dict[str, float] = {}
+        held: list[tuple[str, str | None, float]] = []
         for key, alloc in claims:
             job_id = key.removeprefix(f"{keys.PREFIX}:claim:").rsplit(":", 1)[0]
             info = await self.job_info(job_id)
@@ -301,7 +317,9 @@ class MetricsService:
             if info is None or node is None:
                 continue
             q = info.spec.metadata.queue
-            queue_used[q] = queue_used.get(q, 0.0) + state.gpu_units(alloc, {g.index: g.model for g in node.gpus})
+            units = state.gpu_units(alloc, {g.index: g.model for g in node.gpus})
+            queue_used[q] = queue_used.get(q, 0.0) + units
+            held.append((state.pool_of(node), info.spec.spec.template.node_selector.get("pool"), units))
         for (q, _pc) in self.known_queues:
             queue_used.setdefault(q, 0.0)
         pools = {n: state.pool_of(d) for n, d in nodes.items()}
@@ -316,7 +334,8 @@ class MetricsService:
             frag=state.fragmentation(nodes, free, demand),
             pending=state.pending_counts(specs),
             queue_used=queue_used,
-            lent_borrowed=state.lent_borrowed(queue_used, self.guarantees),
+            lent_borrowed=state.lent_borrowed(queue_used, self.guarantees or await self._redis_guarantees()),
+            pool_lending=state.pool_lending(held + [(p, None, 0.0) for p in set(pools.values())]),
             weights=weights,
         )
 

@@ -188,6 +188,20 @@ def gpu_units(alloc: Mapping[str, Any], gpu_models: Mapping[int, str]) -> float:
     return sum(allocation_of(alloc, gpu_models).values())
 
 
+def pool_lending(held: Iterable[tuple[str, str | None, float]]) -> dict[str, tuple[float, float]]:
+    """Pool -> (lent, borrowed) GPUs under tidal lending (``tide.core.tides``): ``held`` is
+    (node's pool, the job's ``nodeSelector`` pool or None, GPU units) per claim. A job selecting pool Q
+    on a node of pool P != Q: P lends, Q borrows. Jobs without a pool selector borrow nothing."""
+    out: dict[str, list[float]] = {}
+    for node_pool, job_pool, units in held:
+        out.setdefault(node_pool, [0.0, 0.0])
+        if job_pool is None or job_pool == node_pool:
+            continue
+        out[node_pool][0] += units
+        out.setdefault(job_pool, [0.0, 0.0])[1] += units
+    return {p: (v[0], v[1]) for p, v in out.items()}
+
+
 def load_guarantees(config: Mapping[str, Any] | None) -> dict[str, float]:
     """Queue path -> guaranteed GPUs, from the queue tree config ``{"queues": [{"name", "guarantee", "children"}]}``."""
     out: dict[str, float] = {}
