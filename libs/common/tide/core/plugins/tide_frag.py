@@ -34,15 +34,15 @@ class TideFragScore:
         open_penalty: float = 0.0, strand_weight: float = 2.0, strand_scale: float = 1.0,
         model_weight: float = 0.0,
     ):
-        self.model_weight = model_weight
-        self._pressure: tuple[object, object, np.ndarray] | None = None
+        self.fgd_weight = fgd_weight
         self.strand_weight = strand_weight
         self.strand_scale = strand_scale
-        self.fgd_weight = fgd_weight
         self.capacity_weight = capacity_weight
+        self.model_weight = model_weight
         self.fit_weight = fit_weight
         self.quantum = quantum
         self.open_penalty = open_penalty
+        self._pressure: tuple[object, object, np.ndarray] | None = None
 
     def score(self, ctx: Context) -> np.ndarray:
         out = np.zeros(len(ctx.cand))
@@ -68,7 +68,6 @@ class TideFragScore:
         if self.fit_weight:
             out += self.fit_weight * bestfit_raw(ctx)
         return out
-
 
     def model_pressure(self, ctx: Context) -> np.ndarray:
         """[model id + 1] share of each GPU model's capacity that pods restricted to a few models need."""
