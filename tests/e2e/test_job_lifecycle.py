@@ -173,3 +173,23 @@ async def test_a_jobs_path_is_traceable_by_its_id_in_every_services_json_logs(st
     assert "job_queued" in seen["queue"]
     assert {"job_reserved", "gang_committed", "job_running", "job_finished"} <= seen["placer"]
     assert {"pod_started", "pod_exited"} <= seen["node-agent"]
+
+
+async def test_placer_applies_the_familys_memory_multiplier_from_redis(stack: Stack, client: TideClient) -> None:
+    from redis.asyncio import Redis
+
+    from tide.schemas.feedback import FamilyWeights
+    from tide.store import keys
+
+    redis = Redis.from_url(stack.info.redis_url("placer"), decode_responses=True)
+    try:
+        weights = FamilyWeights(family="hungry", memory_multiplier=2.0, evidence="test")
+        await redis.hset(keys.WEIGHTS, "hungry", weights.model_dump_json())
+    finally:
+        await redis.aclose()
+    spec = job("hungry", py(ENV_DUMP), gpuShare={"memoryMiB": 10240, "smPercent": 30})
+    spec["metadata"]["labels"] = {"family": "hungry"}
+    _, status = await run_to_success(client, spec, "hungry-1")
+    [pod] = status["pods"]
+    env = json.loads(pod_log(stack, pod["node"], "hungry-1", pod["name"]))
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"

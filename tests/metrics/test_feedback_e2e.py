@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
@@ -105,6 +109,11 @@ async def test_oom_family_is_resubmitted_with_a_larger_share_then_decays(fast_st
         for evidence in (raised.evidence, (await api(client, "oomy"))["history"][-1]["evidence"]):
             assert "job oomy-1 OOM, request 10.0 GiB, peak 8.0 GiB, device 79.6 GiB" in evidence, evidence
             assert "memory multiplier 1 -> 1.5" in evidence
+        cli = subprocess.run([str(Path(sys.executable).parent / "tide"), "--home", str(fast_stack.home), "status",
+                              "oomy-1-r1", "--json"], capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items() if not k.startswith("TIDE_")})
+        shown = json.loads(cli.stdout)["feedback"]  # `tide status JOB` shows the family's weights
+        assert shown["family"] == "oomy" and shown["memory_multiplier"] == 1.5 and shown["evidence"]
         w = await until(lambda: _clean(client, "oomy", 1), "first clean run")
         assert w["memory_multiplier"] == 1.5  # one clean run: no decay yet
 

@@ -15,6 +15,8 @@ from nats.aio.client import Client as NATS
 from tide import subjects
 from tide.bus.nats import connect
 from tide.schemas.events import TERMINAL_STATES, CancelJob, JobEvent, JobState, new_event_id
+from tide.schemas.feedback import family_of
+from tide.schemas.job import JobSpec
 from tide.settings import Settings
 
 FINAL_FOR_WAIT = {s.value for s in TERMINAL_STATES} | {JobState.UNSCHEDULABLE.value}
@@ -129,6 +131,15 @@ class TideClient:
         reply = await self.nc.request(subjects.API_QUEUES_APPLY, json.dumps(config).encode(), timeout=5)
         return json.loads(reply.data)
 
+    async def weights(self, family: str | None = None, limit: int = 20) -> dict[str, Any]:
+        """The feedback loop's family weights and recent changes (served by the metrics service)."""
+        req: dict[str, Any] = {"limit": limit} | ({"family": family} if family else {})
+        try:
+            reply = await self.nc.request(subjects.API_WEIGHTS, json.dumps(req).encode(), timeout=3)
+        except Exception:
+            return {"families": [], "history": []}
+        return json.loads(reply.data)
+
     async def events(self) -> AsyncIterator[JobEvent]:
         sub = await self.nc.subscribe(subjects.JOB_EVENTS_ALL)
         try:
@@ -151,6 +162,7 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
         "started_at": record.get("started_at"),
         "finished_at": record.get("finished_at"),
         "attempts": record.get("attempts", 0),
+        "family": family_of(JobSpec.model_validate(record["spec"])),
         "pods": [
             {
                 "name": p["name"],

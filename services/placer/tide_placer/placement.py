@@ -10,7 +10,7 @@ them stick.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tide.core import (
@@ -26,6 +26,7 @@ from tide.core import (
 )
 from tide.core.gang import place_gang
 from tide.core.topology import Level
+from tide.schemas.feedback import AFFINITY_PREFER_NODE, APPLIED_MULTIPLIER_LABEL, FamilyWeights
 from tide.schemas.job import JobSpec, PriorityClass
 from tide.schemas.node import NodeDescription
 
@@ -38,9 +39,27 @@ class PodPlacement:
     alloc: Allocation
 
 
-def pod_request(spec: JobSpec) -> PodRequest:
+def pod_request(spec: JobSpec, feedback: FamilyWeights | None = None, max_gpu_mem_mib: int = 0) -> PodRequest:
+    """A pod of ``spec`` as the core sees it; the feedback loop raises a share's GPU memory for its family
+    (by the part of the multiplier its spec does not already carry), capped at the largest GPU."""
     tmpl = spec.spec.template
-    return PodRequest.from_resources(tmpl.resources, tmpl.node_selector)
+    request = PodRequest.from_resources(tmpl.resources, tmpl.node_selector)
+    if feedback is None or request.kind != "share":
+        return request
+    applied = float(spec.metadata.labels.get(APPLIED_MULTIPLIER_LABEL, "1") or 1)
+    factor = max(1.0, feedback.memory_multiplier / max(applied, 1.0))
+    memory = round(request.gpu_mem_mib * factor)
+    if max_gpu_mem_mib:
+        memory = min(memory, max_gpu_mem_mib)
+    return replace(request, gpu_mem_mib=max(request.gpu_mem_mib, memory))
+
+
+def topology_levels(spec: JobSpec, feedback: FamilyWeights | None = None) -> tuple[Level | None, Level | None]:
+    """(require, prefer); a family with high measured cross-node traffic prefers one node."""
+    require, prefer = _level(spec.spec.topology.require), _level(spec.spec.topology.prefer)
+    if prefer is None and feedback is not None and feedback.affinity >= AFFINITY_PREFER_NODE:
+        prefer = Level.NODE
+    return require, prefer
 
 
 def _level(name: str | None) -> Level | None:
@@ -57,18 +76,20 @@ def place_job(
     spec: JobSpec,
     nodes: list[NodeDescription],
     exclude: Iterable[str] = (),
+    feedback: FamilyWeights | None = None,
 ) -> list[PodPlacement] | Unfit:
     """Place the job's gang (``minMember`` pods) all together, or say why not. ``cluster`` is not changed.
 
     ``nodes`` describe the cluster (to judge whether the job could fit if it were empty);
-    ``exclude`` are nodes this job may not use now (failed to start it, or earmarked for a gang).
+    ``exclude`` are nodes this job may not use now (failed to start it, or earmarked for a gang);
+    ``feedback`` is its family's weights from the feedback loop.
     """
-    request = pod_request(spec)
+    request = pod_request(spec, feedback, int(cluster.gpu_mem_cap.max()) if cluster.num_nodes else 0)
     reason = never_fits(cluster, request)
     if reason is not None:
         return Unfit(reason, resolvable=False)
     gang = spec.spec.gang_size
-    require, prefer = _level(spec.spec.topology.require), _level(spec.spec.topology.prefer)
+    require, prefer = topology_levels(spec, feedback)
     exclude = set(exclude)
     if request.kind == "mig" or (gang == 1 and require is None and prefer is None):
         return _place_pods(placer, cordoned(cluster, exclude), request, gang, nodes)

@@ -60,6 +60,7 @@ from tide.schemas.events import (
     agent_pod_id,
     parse_agent_pod_id,
 )
+from tide.schemas.feedback import FamilyWeights, family_of
 from tide.schemas.job import PRIORITY_VALUES, PriorityClass
 from tide.schemas.node import NodeDescription
 from tide.settings import Settings
@@ -173,6 +174,16 @@ class PlacerService:
         config = json.loads(raw) if raw else None
         return QueueTree.from_config(config), parse_tides(config)
 
+    async def family_weights(self) -> dict[str, FamilyWeights]:
+        """The feedback loop's per-family adjustments (tide:placer:weights), applied to this cycle's decisions."""
+        out = {}
+        for family, raw in (await self.redis.hgetall(keys.WEIGHTS)).items():
+            try:
+                out[family] = FamilyWeights.model_validate_json(raw)
+            except ValueError:
+                log.warning("bad_family_weights", family=family)
+        return out
+
     async def running_jobs(self) -> dict[str, tuple[JobRecord, list[Allocation]]]:
         """Every job holding claims, with its allocations."""
         allocs: dict[str, list[Allocation]] = {}
@@ -196,6 +207,7 @@ class PlacerService:
         tree, tides = await self.queue_config()
         running = await self.running_jobs()
         tide_states = {rule: rule.state(wall_clock(self.settings.clock_file)) for rule in tides}
+        weights = await self.family_weights()
         capacity = {
             "gpu": float(cluster.gpu_exists.sum()),
             "cpu": float(cluster.cpu_cap.sum()),
@@ -228,7 +240,8 @@ class PlacerService:
             if not is_preemptible(record.spec) and not fits_before(record, earmarked, running, now):
                 exclude |= set(earmarked)
             view = lent_view(cluster, record, tide_states, running)
-            result = place_job(self.placer, view, record.spec, nodes, exclude)
+            feedback = weights.get(family_of(record.spec))
+            result = place_job(self.placer, view, record.spec, nodes, exclude, feedback)
             if isinstance(result, Unfit):
                 reason = result.reason
                 if result.resolvable and await self._try_preemption(record, cluster, nodes, running, tree, usage,
@@ -239,6 +252,9 @@ class PlacerService:
                     reason += f"; earmarked {len(earmarked)} node(s) so it is not starved"
                 await self._not_placed(record, Unfit(reason, result.resolvable))
                 continue
+            if feedback is not None:
+                log.info("feedback_applied", job_id=job_id, family=feedback.family,
+                         memory_multiplier=feedback.memory_multiplier, affinity=feedback.affinity)
             with job_span(tracer, "placer.bind", job_id, pods=len(result)):
                 bound = await self._bind(record, result, nodes)
             if bound:
@@ -458,7 +474,7 @@ class PlacerService:
                      "TIDE_LAST_CHECKPOINT_AT": str(updated.last_checkpoint_at or "")},
                 gpus=assignments[p.pod_index],
                 share_sm_percent=share.sm_percent if share else None,
-                share_memory_mib=share.memory_mib if share else None,
+                share_memory_mib=p.alloc.gpu_mem_mib[0] if share and p.alloc.gpu_mem_mib else None,
                 cpu_milli=p.alloc.cpu_milli,
                 memory_mib=p.alloc.memory_mib,
             ))

@@ -164,12 +164,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             if job is None:
                 print(f"no job {args.job!r}", file=sys.stderr)
                 return EXIT_FAIL
+            if job.get("family"):
+                found = (await client.weights(job["family"], limit=1))["families"]
+                job["feedback"] = found[0] if found else None
             if args.json:
                 print(json.dumps(job))
             else:
                 print(f"{job['job_id']}  {job['state']}  {job['reason']}")
                 for p in job["pods"]:
                     print(f"  {p['name']:<32} {p['state']:<10} {p['node'] or '-':<16} {','.join(p['gpus']) or '-'}")
+                fb = job.get("feedback")
+                if fb:
+                    print(f"  family: {fb['family']} (memory x{fb['memory_multiplier']:g}, affinity "
+                          f"{fb['affinity']:g}){' prefers one node' if fb['affinity'] >= 1 else ''}: {fb['evidence']}")
             return EXIT_OK
         body = await client.status(limit=args.limit)
         jobs = [summarize(r) for r in body.get("jobs", [])]
@@ -179,6 +186,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{'JOB':<36} {'STATE':<14} {'QUEUE':<16} REASON")
             for j in jobs:
                 print(f"{j['job_id']:<36} {j['state']:<14} {j['queue']:<16} {j['reason']}")
+            families = (await client.weights())["families"]
+            if families:
+                print(f"\nFeedback\n{'FAMILY':<24} {'MEMORY x':>8} {'AFFINITY':>8} {'CLEAN':>5}  LAST CHANGE")
+                for f in families:
+                    near = " (prefers one node)" if f["affinity"] >= 1 else ""
+                    print(f"{f['family']:<24} {f['memory_multiplier']:>8g} {f['affinity']:>8g} {f['clean_runs']:>5}  "
+                          f"{f['evidence']}{near}")
         return EXIT_OK
 
     return asyncio.run(_with_client(args, go))

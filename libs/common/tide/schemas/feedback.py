@@ -16,6 +16,7 @@ from tide.schemas.events import Message
 from tide.schemas.job import JobSpec
 
 AFFINITY_PREFER_NODE = 1.0  # a family's affinity at or above this: place its pods on one node where one fits
+APPLIED_MULTIPLIER_LABEL = "tide.feedback/memory-multiplier"  # on resubmitted jobs: multiplier already in the spec
 
 
 class FamilyWeights(BaseModel):
