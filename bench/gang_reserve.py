@@ -24,7 +24,7 @@ from tide.core.gang import place_gang
 from tide.schemas.node import default_h100_node
 from tide.stack.servers import free_port, redis_server_binary, wait_tcp
 from tide.store.claims import ClaimItem, ClaimStore, PodClaim
-from tide_placer.placement import claim_items
+from tide.core.job_placement import claim_items
 
 
 def pct(values: list[float], q: float) -> float:

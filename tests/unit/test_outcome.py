@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tide.schemas.events import ExitReason, JobRecord, JobState, PodExited, PodRecord, PodState
 from tide.schemas.job import JobSpec
-from tide_placer.outcome import mark_pod_exited, mark_pod_started
+from tide.core.lifecycle import mark_pod_exited, mark_pod_started
 
 
 def record(pods: int) -> JobRecord:

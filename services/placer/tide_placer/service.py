@@ -3,13 +3,11 @@
 A cycle (on a kick, a pod exit, a registration, or every tick) does, in order:
 1. reconcile: release lapsed gang reservations and roll their jobs back; declare silent nodes lost;
 2. stop the pods of jobs being cancelled or failed;
-3. order the pending jobs (``tide.core.queues``: guarantees, weighted dominant-resource fair share,
-   priority, age), check each queue's limits, and place each gang whole: reserve it in Redis with
-   a TTL, start its pods, and commit once every agent acknowledged the start;
-4. a job that does not fit may preempt: a higher priority class evicts lower ones, a queue below
-   its guarantee reclaims from queues borrowing beyond theirs (victims chosen by the core, whole
-   jobs, gracefully: checkpoint notice, SIGTERM, grace, SIGKILL; they are requeued, not failed);
-5. otherwise a blocked gang earmarks nodes the jobs behind it may not take (the backfill rule).
+3. gather a snapshot and let the core plan the cycle (``tide.core.cycle.plan_cycle``: tides, queue
+   order, limits, placement, preemption victims, the backfill rule), then carry out the plan: preempt
+   victims gracefully (checkpoint notice, SIGTERM, grace, SIGKILL; they are requeued, not failed),
+   record why the others wait, and bind each placed gang whole: reserve it in Redis with a TTL, start
+   its pods, and commit once every agent acknowledged the start.
 """
 
 from __future__ import annotations
@@ -26,20 +24,17 @@ from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.clock import wall_clock
 from tide.core import DEFAULT_POLICY, Allocation, Cluster, OversubscriptionError, Placer, Unfit
+from tide.core.cycle import CycleState, plan_cycle
+from tide.core.job_placement import (
+    PodPlacement,
+    claim_items,
+)
+from tide.core.lifecycle import mark_pod_exited, mark_pod_started
 from tide.core.queue_order import pending_score
 from tide.core.queues import (
-    PendingJob,
     QueueTree,
-    RunningJob,
-    add,
-    below_guarantee,
-    order_pending,
-    over_guarantee,
-    select_victims,
-    usage_tree,
-    within_limits,
 )
-from tide.core.tides import TideRule, TideState, parse_tides
+from tide.core.tides import TideRule, parse_tides
 from tide.events import publish_job_event
 from tide.schemas.events import (
     NODE_STATUS,
@@ -60,8 +55,7 @@ from tide.schemas.events import (
     agent_pod_id,
     parse_agent_pod_id,
 )
-from tide.schemas.feedback import FamilyWeights, family_of
-from tide.schemas.job import PRIORITY_VALUES, PriorityClass
+from tide.schemas.feedback import FamilyWeights
 from tide.schemas.node import NodeDescription
 from tide.settings import Settings
 from tide.store import keys
@@ -69,17 +63,6 @@ from tide.store.claims import ClaimItem, ClaimStore, PodClaim
 from tide.store.jobs import JobStore
 from tide.store.redis import connect_redis
 from tide.tracing import job_span
-
-from tide_placer.outcome import mark_pod_exited, mark_pod_started
-from tide_placer.placement import (
-    PodPlacement,
-    claim_items,
-    earmark,
-    is_preemptible,
-    job_demand,
-    place_job,
-    pod_request,
-)
 
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.placer")
@@ -147,7 +130,6 @@ class PlacerService:
         async with self._cycle_lock:
             await self._reconcile()
             await self._process_stop_requests()
-            await self._return_lent_nodes()
             await self._place_pending()
 
     async def _reconcile(self) -> None:
@@ -197,75 +179,58 @@ class PlacerService:
         return out
 
     async def _place_pending(self) -> None:
-        pending_ids = await self.jobs.pending()
-        if not pending_ids:
-            return
-        nodes, cluster = await self.load_cluster()
-        if not nodes:
-            return
-        lost = set(await self.redis.smembers(keys.LOST_NODES))
+        """Gather the snapshot, let the core plan the cycle, carry out the plan."""
         tree, tides = await self.queue_config()
-        running = await self.running_jobs()
-        tide_states = {rule: rule.state(wall_clock(self.settings.clock_file)) for rule in tides}
-        weights = await self.family_weights()
-        capacity = {
-            "gpu": float(cluster.gpu_exists.sum()),
-            "cpu": float(cluster.cpu_cap.sum()),
-            "memory": float(cluster.mem_cap.sum()),
-        }
-        usage = usage_tree(tree, [(r.spec.metadata.queue, job_demand(r.spec)) for r, _ in running.values()])
+        pending_ids = await self.jobs.pending()
+        if not pending_ids and not tides:
+            return
         now = time.time()
-        records: dict[str, JobRecord] = {}
+        pending: list[JobRecord] = []
         for job_id in pending_ids:
             record = await self.jobs.get(job_id)
             if record is None or record.state not in PLACEABLE or record.cancel_requested:
                 await self.jobs.dequeue(job_id)
                 continue
-            if record.not_before <= now:
-                records[job_id] = record
-        order = order_pending(tree, [
-            PendingJob(r.job_id, r.spec.metadata.queue, PRIORITY_VALUES[r.spec.metadata.priority_class],
-                       r.submitted_at, job_demand(r.spec), nominated=r.nominated_at is not None)
-            for r in records.values()
-        ], usage, capacity)
-        earmarked: list[str] = []
-        for pending in order:
-            record = records[pending.job_id]
-            job_id = record.job_id
-            over = within_limits(tree, record.spec.metadata.queue, pending.demand, usage)
-            if over:
-                await self._not_placed(record, Unfit(over, True))
-                continue
-            exclude = lost | set(record.avoid_nodes)
-            if not is_preemptible(record.spec) and not fits_before(record, earmarked, running, now):
-                exclude |= set(earmarked)
-            view = lent_view(cluster, record, tide_states, running)
-            feedback = weights.get(family_of(record.spec))
-            result = place_job(self.placer, view, record.spec, nodes, exclude, feedback)
-            if isinstance(result, Unfit):
-                reason = result.reason
-                if result.resolvable and await self._try_preemption(record, cluster, nodes, running, tree, usage,
-                                                                    exclude):
-                    continue
-                if result.resolvable and not earmarked and record.spec.spec.gang_size > 1:
-                    earmarked = earmark(cluster, record.spec)
-                    reason += f"; earmarked {len(earmarked)} node(s) so it is not starved"
-                await self._not_placed(record, Unfit(reason, result.resolvable))
-                continue
-            if feedback is not None:
-                log.info("feedback_applied", job_id=job_id, family=feedback.family,
-                         memory_multiplier=feedback.memory_multiplier, affinity=feedback.affinity)
-            with job_span(tracer, "placer.bind", job_id, pods=len(result)):
-                bound = await self._bind(record, result, nodes)
-            if bound:
-                for p in result:
-                    self.placer.observe(pod_request(record.spec))
-                    cluster.allocate(p.alloc)
-                running[job_id] = (record, [p.alloc for p in result])
-                for path in tree.ancestors(tree.resolve(record.spec.metadata.queue)):
-                    usage[path] = add(usage.get(path, {}), pending.demand)
-            else:
-                nodes, cluster = await self.load_cluster()
+            pending.append(record)
+        nodes, cluster = await self.load_cluster()
+        if not nodes:
+            return
+        state = CycleState(
+            nodes=nodes,
+            cluster=cluster,
+            pending=pending,
+            running=await self.running_jobs(),
+            tree=tree,
+            tides=tides,
+            weights=await self.family_weights(),
+            lost=set(await self.redis.smembers(keys.LOST_NODES)),
+            now=now,
+            wall=wall_clock(self.settings.clock_file),
+            min_runtime_s=self.settings.min_runtime_s,
+            preemption_timeout_s=self.settings.preemption_timeout_s,
+        )
+        plan = plan_cycle(state, self.placer)
+        for preemption in plan.preemptions:
+            await self._preempt(preemption.job_id, preemption.by, preemption.why)
+        for job_id, reason in plan.nominations.items():
+            victims = [p.job_id for p in plan.preemptions if p.by == job_id]
+            log.info("preemption", job_id=job_id, victims=victims, reason=reason)
+            await self._nominate(job_id, reason)
+        for record, unfit in plan.not_placed:
+            await self._not_placed(record, unfit)
+        for bind in plan.binds:
+            if bind.feedback is not None:
+                log.info("feedback_applied", job_id=bind.record.job_id, family=bind.feedback.family,
+                         memory_multiplier=bind.feedback.memory_multiplier, affinity=bind.feedback.affinity)
+            with job_span(tracer, "placer.bind", bind.record.job_id, pods=len(bind.placements)):
+                await self._bind(bind.record, bind.placements, nodes)
+
+    async def _nominate(self, job_id: str, reason: str) -> None:
+        def nominate(r: JobRecord) -> bool:
+            r.nominated_at, r.reason = time.time(), reason
+            return True
+
+        await self.jobs.update(job_id, nominate)
 
     async def _not_placed(self, record: JobRecord, unfit: Unfit) -> None:
         state = JobState.PENDING if unfit.resolvable else JobState.UNSCHEDULABLE
@@ -283,102 +248,7 @@ class PlacerService:
             log.info("job_unschedulable", job_id=record.job_id, reason=unfit.reason)
             await publish_job_event(self.js, updated, "unschedulable")
 
-    # ------------------------------------------------------------ tides
-    async def _return_lent_nodes(self) -> None:
-        """Outside an open window, preempt (gracefully) the borrowed work on lent nodes."""
-        _, tides = await self.queue_config()
-        now = wall_clock(self.settings.clock_file)
-        closing = [(rule, state) for rule in tides if (state := rule.state(now)) != TideState.OPEN]
-        if not closing:
-            return
-        _, cluster = await self.load_cluster()
-        running = await self.running_jobs()
-        for rule, state in closing:
-            for job_id, (record, allocs) in list(running.items()):
-                if record.state == JobState.RUNNING and borrows_from(record, allocs, rule, cluster):
-                    await self._preempt(job_id, "tide", f"tidal window {state}: {rule.lend} nodes go back")
-                    running.pop(job_id)
-
     # ------------------------------------------------------------ preemption
-    async def _try_preemption(
-        self,
-        record: JobRecord,
-        cluster: Cluster,
-        nodes: list[NodeDescription],
-        running: dict[str, tuple[JobRecord, list[Allocation]]],
-        tree: QueueTree,
-        usage: dict[str, dict[str, float]],
-        exclude: set[str],
-    ) -> bool:
-        """Evict the cheapest whole set of victims that lets ``record`` fit; True when it did (or waits)."""
-        now = time.time()
-        if record.nominated_at is not None and now - record.nominated_at < self.settings.preemption_timeout_s:
-            return True  # its victims are still stopping
-        priority = PRIORITY_VALUES[record.spec.metadata.priority_class]
-        queue = tree.resolve(record.spec.metadata.queue)
-        reclaim = below_guarantee(tree.spec(queue), usage.get(queue, {}))
-        borrowed: dict[str, float] = {}
-        candidates: list[RunningJob] = []
-        _, tides = await self.queue_config()
-        for job_id, (victim, allocs) in running.items():
-            if victim.state != JobState.RUNNING or job_id == record.job_id:
-                continue
-            v_priority = PRIORITY_VALUES[victim.spec.metadata.priority_class]
-            v_queue = tree.resolve(victim.spec.metadata.queue)
-            over = over_guarantee(tree.spec(v_queue), usage.get(v_queue, {}))
-            if over > 0:
-                borrowed[v_queue] = over
-            by_priority = v_priority < priority
-            by_reclaim = reclaim and v_queue != queue and over > 0 and v_priority <= priority
-            # a pool takes its lent nodes back when its own work needs them
-            by_tide = any(selector_pool(record) == rule.lend and borrows_from(victim, allocs, rule, cluster)
-                          for rule in tides)
-            if not (by_priority or by_reclaim or by_tide):
-                continue
-            started = victim.started_at or now
-            candidates.append(RunningJob(
-                job_id=job_id,
-                queue=v_queue,
-                priority=v_priority,
-                gpus=job_demand(victim.spec)["gpu"],
-                work_lost_s=now - max(started, victim.last_checkpoint_at or 0.0),
-                preemptible=victim.spec.metadata.priority_class == PriorityClass.BEST_EFFORT
-                or now - started >= self.settings.min_runtime_s,
-            ))
-        if not candidates:
-            return False
-
-        def fits_without(victims: list[RunningJob]) -> bool:
-            what_if = cluster.copy()
-            for v in victims:
-                for alloc in running[v.job_id][1]:
-                    what_if.release(alloc)
-            return not isinstance(place_job(self.placer, what_if, record.spec, nodes, exclude), Unfit)
-
-        only_reclaim = all(PRIORITY_VALUES[running[c.job_id][0].spec.metadata.priority_class] >= priority
-                           for c in candidates)
-        victims = select_victims(candidates, fits_without, borrowed, protect_guarantee=only_reclaim)
-        if not victims:
-            return False
-        needed = job_demand(record.spec)["gpu"]
-        evicted = sum(v.gpus for v in victims)
-        why = "reclaiming its queue's guarantee" if only_reclaim else f"priority {record.spec.metadata.priority_class}"
-        log.info("preemption", job_id=record.job_id, victims=[v.job_id for v in victims], reason=why,
-                 gpus_evicted=evicted, gpus_needed=needed, ratio=round(evicted / needed, 2) if needed else None)
-        for v in victims:
-            await self._preempt(v.job_id, record.job_id, why)
-            victim, _ = running.pop(v.job_id)  # its GPUs stay taken until its pods are gone
-            for path in tree.ancestors(tree.resolve(victim.spec.metadata.queue)):
-                usage[path] = add(usage.get(path, {}), job_demand(victim.spec), -1.0)
-
-        def nominate(r: JobRecord) -> bool:
-            r.nominated_at = time.time()
-            r.reason = f"preempting {', '.join(v.job_id for v in victims)} ({why})"
-            return True
-
-        await self.jobs.update(record.job_id, nominate)
-        return True
-
     async def _preempt(self, job_id: str, by: str, why: str) -> None:
         """Stop a running job gracefully (checkpoint notice, SIGTERM, grace, SIGKILL) and requeue it."""
         def mark(r: JobRecord) -> bool:
@@ -724,60 +594,6 @@ class PlacerService:
                 "last_seen_s": round(now - self.last_seen[n.node_id], 1) if n.node_id in self.last_seen else None,
             })
         await msg.respond(json.dumps({"nodes": out}).encode())
-
-
-def selector_pool(record: JobRecord) -> str | None:
-    return record.spec.spec.template.node_selector.get("pool")
-
-
-def borrows_from(record: JobRecord, allocs: list[Allocation], rule: TideRule, cluster: Cluster) -> bool:
-    """Does this job run on nodes that ``rule`` lends to its pool?"""
-    if selector_pool(record) != rule.to:
-        return False
-    return any(cluster.labels[cluster.index[a.node_id]].get("pool") == rule.lend
-               for a in allocs if a.node_id in cluster.index)
-
-
-def lent_view(
-    cluster: Cluster,
-    record: JobRecord,
-    tide_states: dict[TideRule, TideState],
-    running: dict[str, tuple[JobRecord, list[Allocation]]],
-) -> Cluster:
-    """The cluster as ``record`` may see it: in an open window, the lending pool's idle nodes (no work
-    of their own pool) carry the borrowing pool's label."""
-    pool = selector_pool(record)
-    rules = [r for r, s in tide_states.items() if s == TideState.OPEN and r.to == pool]
-    if not rules:
-        return cluster
-    busy = {a.node_id for other, allocs in running.values() if selector_pool(other) != pool for a in allocs}
-    view = cluster.copy()
-    view.labels = [dict(labels) for labels in cluster.labels]
-    view._label_cache = {}
-    for rule in rules:
-        for i, labels in enumerate(view.labels):
-            if labels.get("pool") == rule.lend and view.node_ids[i] not in busy:
-                labels["pool"] = rule.to
-    return view
-
-
-def fits_before(record: JobRecord, earmarked: list[str], running: dict[str, tuple[JobRecord, list[Allocation]]],
-                now: float) -> bool:
-    """Backfill: may this job use the nodes earmarked for a waiting gang? Only if its declared runtime
-    ends before every job now on those nodes is expected to end (so it cannot delay the gang)."""
-    estimate = record.spec.spec.runtime_estimate_s
-    if not earmarked or estimate is None:
-        return False
-    marked = set(earmarked)
-    gang_start = now
-    for other, allocs in running.values():
-        if not any(a.node_id in marked for a in allocs):
-            continue
-        other_estimate = other.spec.spec.runtime_estimate_s
-        if other_estimate is None:
-            return False  # unknown end: the gang's start cannot be bounded, no backfill there
-        gang_start = max(gang_start, (other.started_at or now) + other_estimate)
-    return now + estimate <= gang_start
 
 
 def pending_score_of(record: JobRecord) -> float:

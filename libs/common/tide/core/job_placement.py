@@ -1,4 +1,4 @@
-"""The placer's one placement boundary: a job spec and the cluster in, pod allocations out.
+"""Job placement for the placer and the replay (pure): a job spec and the cluster in, pod allocations out.
 
 The decisions are the placement core's (``tide.core``): a single pod without topology needs goes
 through the policy placer (fragmentation-aware by default); a gang, or a pod with topology needs,
@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
+
 from tide.core import (
     MILLI,
     PROFILES_BY_MODEL,

@@ -1,0 +1,265 @@
+"""One scheduling cycle as a pure function: a snapshot in, a plan out.
+
+The live placer and ``tide sim replay`` both call ``plan_cycle``; they differ only in how they
+gather the snapshot and carry out the plan (Redis + node agents, or a virtual clock). Steps:
+
+1. tides: outside an open window, borrowed work on lent nodes is to be preempted;
+2. order the pending jobs (``queues.order_pending``: nominated, guarantees, weighted DRF, priority, age);
+3. for each: queue limits; nodes it may not use (lost, failed before, earmarked for a gang unless it is
+   preemptible or its declared runtime ends in time); place it whole on its view of the cluster (tides
+   relabel lent nodes); the plan assumes each bind succeeds and places the next job on what is left;
+4. a job that does not fit may preempt (priority, reclaim of borrowed guarantee, a pool taking its lent
+   nodes back): the core picks the cheapest whole victims;
+5. otherwise the first blocked gang earmarks nodes (the backfill rule) and the job stays pending with why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tide.core.cluster import Cluster
+from tide.core.job_placement import PodPlacement, earmark, is_preemptible, job_demand, place_job, pod_request
+from tide.core.model import Allocation, Unfit
+from tide.core.placer import Placer
+from tide.core.queues import (
+    PendingJob,
+    QueueTree,
+    RunningJob,
+    add,
+    below_guarantee,
+    order_pending,
+    over_guarantee,
+    select_victims,
+    usage_tree,
+    within_limits,
+)
+from tide.core.tides import TideRule, TideState
+from tide.schemas.events import JobRecord, JobState
+from tide.schemas.feedback import FamilyWeights, family_of
+from tide.schemas.job import PRIORITY_VALUES, PriorityClass
+from tide.schemas.node import NodeDescription
+
+Running = dict[str, tuple[JobRecord, list[Allocation]]]
+
+
+@dataclass
+class CycleState:
+    """What the planner sees: the cluster with every claim applied, and the jobs."""
+
+    nodes: list[NodeDescription]
+    cluster: Cluster
+    pending: list[JobRecord]  # placeable jobs (pending or unschedulable, not cancelled), any order
+    running: Running  # every job holding claims, with its allocations
+    tree: QueueTree = field(default_factory=lambda: QueueTree.from_config(None))
+    tides: list[TideRule] = field(default_factory=list)
+    weights: Mapping[str, FamilyWeights] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+    now: float = 0.0  # seconds (the placer: time.time(); the replay: its virtual clock)
+    wall: datetime | None = None  # time of day for tides
+    min_runtime_s: float = 60.0
+    preemption_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class Bind:
+    record: JobRecord
+    placements: list[PodPlacement]
+    feedback: FamilyWeights | None = None
+
+
+@dataclass(frozen=True)
+class Preemption:
+    job_id: str
+    by: str
+    why: str
+
+
+@dataclass
+class Plan:
+    binds: list[Bind] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    nominations: dict[str, str] = field(default_factory=dict)  # preemptor -> reason
+    not_placed: list[tuple[JobRecord, Unfit]] = field(default_factory=list)
+
+
+def plan_cycle(state: CycleState, placer: Placer) -> Plan:
+    plan = Plan()
+    cluster = state.cluster.copy()
+    running: Running = dict(state.running)
+    tide_states = {rule: rule.state(state.wall) for rule in state.tides} if state.wall else {}
+    for rule, tide in tide_states.items():
+        if tide == TideState.OPEN:
+            continue
+        for job_id, (record, allocs) in list(running.items()):
+            if record.state == JobState.RUNNING and borrows_from(record, allocs, rule, cluster):
+                plan.preemptions.append(Preemption(job_id, "tide", f"tidal window {tide}: {rule.lend} nodes go back"))
+                running.pop(job_id)
+    if not state.pending or not state.nodes:
+        return plan
+    tree = state.tree
+    capacity = {
+        "gpu": float(cluster.gpu_exists.sum()),
+        "cpu": float(cluster.cpu_cap.sum()),
+        "memory": float(cluster.mem_cap.sum()),
+    }
+    usage = usage_tree(tree, [(r.spec.metadata.queue, job_demand(r.spec)) for r, _ in running.values()])
+    records = {r.job_id: r for r in state.pending if r.not_before <= state.now}
+    order = order_pending(tree, [
+        PendingJob(r.job_id, r.spec.metadata.queue, PRIORITY_VALUES[r.spec.metadata.priority_class],
+                   r.submitted_at, job_demand(r.spec), nominated=r.nominated_at is not None)
+        for r in records.values()
+    ], usage, capacity)
+    earmarked: list[str] = []
+    for pending in order:
+        record = records[pending.job_id]
+        over = within_limits(tree, record.spec.metadata.queue, pending.demand, usage)
+        if over:
+            plan.not_placed.append((record, Unfit(over, True)))
+            continue
+        exclude = state.lost | set(record.avoid_nodes)
+        if not is_preemptible(record.spec) and not fits_before(record, earmarked, running, state.now):
+            exclude |= set(earmarked)
+        view = lent_view(cluster, record, tide_states, running)
+        feedback = state.weights.get(family_of(record.spec))
+        result = place_job(placer, view, record.spec, state.nodes, exclude, feedback)
+        if isinstance(result, Unfit):
+            if result.resolvable and _preempt_for(state, placer, plan, record, cluster, running, usage, exclude,
+                                                  tide_states, feedback):
+                continue
+            reason = result.reason
+            if result.resolvable and not earmarked and record.spec.spec.gang_size > 1:
+                earmarked = earmark(cluster, record.spec)
+                reason += f"; earmarked {len(earmarked)} node(s) so it is not starved"
+            plan.not_placed.append((record, Unfit(reason, result.resolvable)))
+            continue
+        plan.binds.append(Bind(record, result, feedback))
+        for p in result:
+            placer.observe(pod_request(record.spec))
+            cluster.allocate(p.alloc)
+        running[record.job_id] = (record, [p.alloc for p in result])
+        for path in tree.ancestors(tree.resolve(record.spec.metadata.queue)):
+            usage[path] = add(usage.get(path, {}), pending.demand)
+    return plan
+
+
+def _preempt_for(
+    state: CycleState,
+    placer: Placer,
+    plan: Plan,
+    record: JobRecord,
+    cluster: Cluster,
+    running: Running,
+    usage: dict[str, dict[str, float]],
+    exclude: set[str],
+    tide_states: Mapping[TideRule, TideState],
+    feedback: FamilyWeights | None,
+) -> bool:
+    """Plan the cheapest whole set of victims that lets ``record`` fit; True when planned (or still waiting)."""
+    now = state.now
+    if record.nominated_at is not None and now - record.nominated_at < state.preemption_timeout_s:
+        return True  # its victims are still stopping
+    tree = state.tree
+    priority = PRIORITY_VALUES[record.spec.metadata.priority_class]
+    queue = tree.resolve(record.spec.metadata.queue)
+    reclaim = below_guarantee(tree.spec(queue), usage.get(queue, {}))
+    borrowed: dict[str, float] = {}
+    candidates: list[RunningJob] = []
+    for job_id, (victim, allocs) in running.items():
+        if victim.state != JobState.RUNNING or job_id == record.job_id:
+            continue
+        v_priority = PRIORITY_VALUES[victim.spec.metadata.priority_class]
+        v_queue = tree.resolve(victim.spec.metadata.queue)
+        over = over_guarantee(tree.spec(v_queue), usage.get(v_queue, {}))
+        if over > 0:
+            borrowed[v_queue] = over
+        by_priority = v_priority < priority
+        by_reclaim = reclaim and v_queue != queue and over > 0 and v_priority <= priority
+        # a pool takes its lent nodes back when its own work needs them
+        by_tide = any(selector_pool(record) == rule.lend and borrows_from(victim, allocs, rule, cluster)
+                      for rule in tide_states)
+        if not (by_priority or by_reclaim or by_tide):
+            continue
+        started = victim.started_at if victim.started_at is not None else now
+        candidates.append(RunningJob(
+            job_id=job_id,
+            queue=v_queue,
+            priority=v_priority,
+            gpus=job_demand(victim.spec)["gpu"],
+            work_lost_s=now - max(started, victim.last_checkpoint_at or 0.0),
+            preemptible=victim.spec.metadata.priority_class == PriorityClass.BEST_EFFORT
+            or now - started >= state.min_runtime_s,
+        ))
+    if not candidates:
+        return False
+
+    def fits_without(victims: list[RunningJob]) -> bool:
+        what_if = cluster.copy()
+        for v in victims:
+            for alloc in running[v.job_id][1]:
+                what_if.release(alloc)
+        return not isinstance(place_job(placer, what_if, record.spec, state.nodes, exclude, feedback), Unfit)
+
+    only_reclaim = all(PRIORITY_VALUES[running[c.job_id][0].spec.metadata.priority_class] >= priority
+                       for c in candidates)
+    victims = select_victims(candidates, fits_without, borrowed, protect_guarantee=only_reclaim)
+    if not victims:
+        return False
+    why = "reclaiming its queue's guarantee" if only_reclaim else f"priority {record.spec.metadata.priority_class}"
+    for v in victims:
+        plan.preemptions.append(Preemption(v.job_id, record.job_id, why))
+        victim, _ = running.pop(v.job_id)  # its GPUs stay taken until its pods are gone
+        for path in tree.ancestors(tree.resolve(victim.spec.metadata.queue)):
+            usage[path] = add(usage.get(path, {}), job_demand(victim.spec), -1.0)
+    plan.nominations[record.job_id] = f"preempting {', '.join(v.job_id for v in victims)} ({why})"
+    return True
+
+
+def selector_pool(record: JobRecord) -> str | None:
+    return record.spec.spec.template.node_selector.get("pool")
+
+
+def borrows_from(record: JobRecord, allocs: Iterable[Allocation], rule: TideRule, cluster: Cluster) -> bool:
+    """Does this job run on nodes that ``rule`` lends to its pool?"""
+    if selector_pool(record) != rule.to:
+        return False
+    return any(cluster.labels[cluster.index[a.node_id]].get("pool") == rule.lend
+               for a in allocs if a.node_id in cluster.index)
+
+
+def lent_view(cluster: Cluster, record: JobRecord, tide_states: Mapping[TideRule, TideState],
+              running: Running) -> Cluster:
+    """The cluster as ``record`` may see it: in an open window, the lending pool's idle nodes (no work
+    of their own pool) carry the borrowing pool's label."""
+    pool = selector_pool(record)
+    rules = [r for r, s in tide_states.items() if s == TideState.OPEN and r.to == pool]
+    if not rules:
+        return cluster
+    busy = {a.node_id for other, allocs in running.values() if selector_pool(other) != pool for a in allocs}
+    view = cluster.copy()
+    view.labels = [dict(labels) for labels in cluster.labels]
+    view._label_cache = {}
+    for rule in rules:
+        for i, labels in enumerate(view.labels):
+            if labels.get("pool") == rule.lend and view.node_ids[i] not in busy:
+                labels["pool"] = rule.to
+    return view
+
+
+def fits_before(record: JobRecord, earmarked: list[str], running: Running, now: float) -> bool:
+    """Backfill: may this job use the nodes earmarked for a waiting gang? Only if its declared runtime
+    ends before every job now on those nodes is expected to end (so it cannot delay the gang)."""
+    estimate = record.spec.spec.runtime_estimate_s
+    if not earmarked or estimate is None:
+        return False
+    marked = set(earmarked)
+    gang_start = now
+    for other, allocs in running.values():
+        if not any(a.node_id in marked for a in allocs):
+            continue
+        other_estimate = other.spec.spec.runtime_estimate_s
+        if other_estimate is None:
+            return False  # unknown end: the gang's start cannot be bounded, no backfill there
+        gang_start = max(gang_start, (other.started_at if other.started_at is not None else now) + other_estimate)
+    return now + estimate <= gang_start
