@@ -58,7 +58,8 @@ def run(cases: int, seed: int) -> dict:
             worst = {"pods": n, "gpus_per_pod": req.gpu_count, "cost": plan.cost, "optimum": best,
                      "plan": sorted({a.node_id: sum(1 for b in plan.allocations if b.node_id == a.node_id)
                                      for a in plan.allocations}.items()),
-                     "free_gpus": {nid: int((cluster.milli_free[i] == MILLI).sum()) for nid, i in cluster.index.items()},
+                     "free_gpus": {nid: int((cluster.milli_free[i] == MILLI).sum())
+                                   for nid, i in cluster.index.items()},
                      "nvswitch": [nid for nid, i in cluster.index.items() if cluster.nvlink[i][0] >= 0]}
         ratios.append(ratio)
     return {

@@ -18,13 +18,12 @@ import tempfile
 import time
 
 from redis.asyncio import Redis
-
 from tide.core import Cluster, PodRequest
 from tide.core.gang import place_gang
+from tide.core.job_placement import claim_items
 from tide.schemas.node import default_h100_node
 from tide.stack.servers import free_port, redis_server_binary, wait_tcp
 from tide.store.claims import ClaimItem, ClaimStore, PodClaim
-from tide.core.job_placement import claim_items
 
 
 def pct(values: list[float], q: float) -> float:

@@ -177,7 +177,6 @@ async def test_a_jobs_path_is_traceable_by_its_id_in_every_services_json_logs(st
 
 async def test_placer_applies_the_familys_memory_multiplier_from_redis(stack: Stack, client: TideClient) -> None:
     from redis.asyncio import Redis
-
     from tide.schemas.feedback import FamilyWeights
     from tide.store import keys
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from tide.core.job_placement import pod_request, topology_levels
 from tide.core.topology import Level
 from tide.schemas.feedback import APPLIED_MULTIPLIER_LABEL, FamilyWeights
 from tide.schemas.job import JobSpec
-from tide.core.job_placement import pod_request, topology_levels
 
 
 def spec(memory: int = 10240, labels: dict | None = None, topology: dict | None = None) -> JobSpec:

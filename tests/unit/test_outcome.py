@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from tide.core.lifecycle import mark_pod_exited, mark_pod_started
 from tide.schemas.events import ExitReason, JobRecord, JobState, PodExited, PodRecord, PodState
 from tide.schemas.job import JobSpec
-from tide.core.lifecycle import mark_pod_exited, mark_pod_started
 
 
 def record(pods: int) -> JobRecord:

@@ -7,7 +7,6 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from tide.core.queues import (
     PendingJob,
     QueueTree,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-
 from tide.core.tides import TideState, parse_tides
 
 RULE = parse_tides({"tides": [{"lend": "inference", "to": "training", "start": "22:00", "end": "07:00",
