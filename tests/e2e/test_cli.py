@@ -74,3 +74,22 @@ def test_up_detach_and_down(tmp_path: Path) -> None:
         down = tide(home, "down")
     assert down.returncode == 0
     assert not (home / "stack.json").exists()
+
+
+def test_sim_openb_runs_through_the_tide_command(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
+        f"n{i},64000,262144,8,V100M32\n" for i in range(4)))
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+                    "deletion_time,scheduled_time\n" + "".join(
+                        f"p{i},4000,8192,1,{500 if i % 2 else 1000},,LS,Running,{i},{i + 100},{i}\n"
+                        for i in range(20)))
+    out = tmp_path / "result.json"
+    run = tide(tmp_path / "home", "sim", "openb", "--nodes", str(nodes), "--pods", str(pods), "--policy",
+               "tide", "--seed", "42", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    result = result[0] if isinstance(result, list) else result
+    assert result["policy"] == "tide" and result["gpu_capacity"] == 32000
+    assert 0 < result["allocated_pct_at_100"] <= 100

@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging("cli", fmt="console", level=os.environ.get("TIDE_LOG_LEVEL", "warning"))
     try:
-        return int(args.fn(args))
+        handler = args.fn if hasattr(args, "fn") else args.handler  # `tide sim` registers `handler`
+        return int(handler(args))
     except BadInput as exc:
         print(f"tide: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
