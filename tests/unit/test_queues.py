@@ -149,3 +149,15 @@ def test_long_run_gpu_hours_track_weights_when_all_queues_are_backlogged(weights
     for (q, used), w in zip(result["gpu_time"].items(), weights, strict=True):
         share, target = used / total, w / total_w
         assert abs(share - target) <= 0.05 * target, (q, share, target)
+
+
+def test_a_big_victim_is_swapped_for_a_smaller_one_that_suffices_but_never_for_a_higher_priority() -> None:
+    running = [
+        RunningJob("big", "q", 500, 8, work_lost_s=1),   # least work lost: greedy takes it first
+        RunningJob("small", "q", 500, 4, work_lost_s=50),
+        RunningJob("vip", "q", 900, 2, work_lost_s=0),
+    ]
+    victims = select_victims(running, lambda vs: sum(v.gpus for v in vs) >= 4)
+    assert [v.job_id for v in victims] == ["small"]
+    victims = select_victims(running, lambda vs: sum(v.gpus for v in vs) >= 2)
+    assert [v.job_id for v in victims] == ["small"]  # not the higher-priority 2-GPU job

@@ -209,12 +209,17 @@ def select_victims(
     Order of preference: jobs of queues borrowing beyond their guarantee (``borrowed`` gives how much
     each queue borrows), then lower priority, then least work lost. With ``protect_guarantee`` (a
     reclaim) no queue is taken below its guarantee. Greedy until it fits, then every victim that is
-    not needed is dropped again (last chosen first), so no more is evicted than needed.
+    not needed is dropped again (last chosen first), then a victim is swapped for a smaller one of
+    no better rank while the preemptor still fits, so GPUs evicted / needed stays close to 1.
     """
     borrowed = dict(borrowed or {})
+
+    def rank(c: RunningJob) -> tuple[bool, int]:
+        return (borrowed.get(c.queue, 0.0) <= EPS, c.priority)
+
     pool = sorted(
         (c for c in candidates if c.preemptible),
-        key=lambda c: (borrowed.get(c.queue, 0.0) <= EPS, c.priority, c.work_lost_s, -c.gpus, c.job_id),
+        key=lambda c: (*rank(c), c.work_lost_s, c.gpus, c.job_id),
     )
     chosen: list[RunningJob] = []
     left = dict(borrowed)
@@ -232,4 +237,25 @@ def select_victims(
         trial = [v for v in chosen if v is not victim]
         if fits_without(trial):
             chosen = trial
+    # evict no more than needed: swap a victim for a smaller one of no better rank when that still fits
+    improved = True
+    while improved:
+        improved = False
+        for victim in list(chosen):
+            for c in pool:
+                if c in chosen or c.gpus >= victim.gpus or rank(c) > rank(victim):
+                    continue
+                if protect_guarantee and left.get(c.queue, 0.0) + (victim.gpus if victim.queue == c.queue else 0) \
+                        + EPS < c.gpus:
+                    continue
+                trial = [c if v is victim else v for v in chosen]
+                if fits_without(trial):
+                    if victim.queue in left:
+                        left[victim.queue] += victim.gpus
+                    if c.queue in left:
+                        left[c.queue] -= c.gpus
+                    chosen, improved = trial, True
+                    break
+            if improved:
+                break
     return chosen
