@@ -21,7 +21,7 @@ import numpy as np
 from tide.core.cluster import Cluster
 from tide.core.filtering import node_filter, share_free, whole_free
 from tide.core.model import MILLI, Allocation, PodRequest, Unfit
-from tide.core.topology import GpuPosition, Level, distance, pick_gpus
+from tide.core.topology import GpuPosition, Level, distance, pick_gpus, span
 
 # Cost of one pod pair by the deepest tree level they share (GPUs of one pod count as one position).
 LEVEL_COST: dict[Level, float] = {
@@ -60,14 +60,6 @@ def comm_cost(positions: list[GpuPosition]) -> float:
         for j in range(i + 1, len(positions)):
             total += LEVEL_COST[distance(positions[i], positions[j])]
     return total
-
-
-def plan_span(positions: list[GpuPosition]) -> Level:
-    worst = Level.NVLINK
-    for i in range(len(positions)):
-        for j in range(i + 1, len(positions)):
-            worst = max(worst, distance(positions[i], positions[j]))
-    return worst
 
 
 def node_capacity(
@@ -313,7 +305,7 @@ def place_gang(
             for node, count in chosen:
                 allocs.extend(_node_allocations(cluster, req, node, count, gm))
             positions = [pod_position(cluster, a) for a in allocs]
-            cost, sp = comm_cost(positions), plan_span(positions)
+            cost, sp = comm_cost(positions), span(positions)
             if require is not None and sp > require:
                 continue
             touched = {cluster.index[a.node_id] for a in allocs}
