@@ -128,9 +128,13 @@ class Stack:
         log_format: str = "json",
         placers: int = 1,
         env: dict[str, dict[str, str]] | None = None,
+        start_agents: bool = True,
     ) -> None:
         """``placers`` > 1 runs several placer processes (placer, placer-2, ...) on one cluster;
-        ``env`` adds environment variables per process name (e.g. settings for one service)."""
+        ``env`` adds environment variables per process name (e.g. settings for one service);
+        ``start_agents=False`` creates the nodes' credentials but leaves running their agents to the caller
+        (benchmarks that multiplex simulated agents)."""
+        self.start_agents = start_agents
         self.home = home
         self.nodes = nodes
         self.log_format = log_format
@@ -174,7 +178,7 @@ class Stack:
                 env.update(self.extra_env.get(name, {}))
                 self._spawn(name, [sys.executable, "-m", SERVICE_MODULES[user]], env)
             self._wait_ready_files(tuple(self.services), timeout_s)
-            for node_id in node_ids:
+            for node_id in node_ids if self.start_agents else []:
                 env = {
                     **base,
                     **info.env_for(node_user(node_id)),
@@ -184,7 +188,8 @@ class Stack:
                     **self.extra_env.get(f"agent-{node_id}", {}),
                 }
                 self._spawn(f"agent-{node_id}", [sys.executable, "-m", "tide_node_agent"], env)
-            run_blocking(wait_for_nodes(info, len(node_ids), timeout_s))
+            if self.start_agents:
+                run_blocking(wait_for_nodes(info, len(node_ids), timeout_s))
         except BaseException:
             self.stop()
             raise

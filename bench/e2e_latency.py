@@ -1,0 +1,202 @@
+"""End-to-end latency through the live services: submit -> placed and submit -> running, at load.
+
+Starts the real stack (NATS JetStream, Redis, queue, placer, metrics) on free ports with N simulated
+nodes (8 x H100 each). The node agents are simulated in this process (``SimAgent``): each node has its
+own NATS connection and credentials, registers, heartbeats, acknowledges start commands and reports
+pods started and exited over the same subjects and permissions as the real agent, but runs no
+process (a pod "runs" for the seconds of its `sleep N` command). A load generator in this process
+submits 1-GPU jobs through JetStream at each rate for a bounded time, and follows their events.
+Prints JSON and a one-line summary.
+
+    .venv/bin/python bench/e2e_latency.py --json [--nodes 1000] [--rates 100,300,500] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+from tide import subjects
+from tide.bus.nats import publish
+from tide.schemas.events import (
+    NODE_COMMAND,
+    CommandAck,
+    ExitReason,
+    JobEvent,
+    NodeRegistered,
+    PodExited,
+    PodStarted,
+    StartPod,
+    Telemetry,
+)
+from tide.schemas.node import NodeDescription, default_h100_node
+from tide.stack.auth import node_user
+from tide.stack.launcher import Stack, StackInfo
+
+
+class SimAgent:
+    """The node agent's protocol without processes (one NATS connection per node, its own user)."""
+
+    def __init__(self, info: StackInfo, node: NodeDescription) -> None:
+        self.info, self.node = info, node
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        node_id = self.node.node_id
+        self.nc = await nats.connect(self.info.nats_url, user=node_user(node_id),
+                                     password=self.info.passwords[node_user(node_id)],
+                                     inbox_prefix=subjects.node_inbox_prefix(node_id), max_reconnect_attempts=-1)
+        self.js = self.nc.jetstream()
+        await self.nc.subscribe(subjects.node_cmd(node_id), cb=self.on_command)
+        await publish(self.js, subjects.node_status(node_id), NodeRegistered(node=self.node))
+
+    async def heartbeat(self) -> None:
+        await self.nc.publish(subjects.telemetry(self.node.node_id),
+                              Telemetry(node_id=self.node.node_id).to_bytes())
+
+    async def on_command(self, msg) -> None:
+        command = NODE_COMMAND.validate_json(msg.data)
+        await msg.respond(CommandAck(ok=True).model_dump_json().encode())
+        if isinstance(command, StartPod):
+            task = asyncio.get_running_loop().create_task(self.run_pod(command))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def run_pod(self, cmd: StartPod) -> None:
+        node_id = self.node.node_id
+        await publish(self.js, subjects.node_status(node_id),
+                      PodStarted(node_id=node_id, job_id=cmd.job_id, pod=cmd.pod, pid=0))
+        seconds = float(cmd.command[1]) if cmd.command[0] == "sleep" else 0.0
+        await asyncio.sleep(seconds)
+        await publish(self.js, subjects.node_status(node_id), PodExited(
+            node_id=node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=0, reason=ExitReason.COMPLETED))
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def run_rate(info: StackInfo, placer_pid: int, rate: int, seconds: float, run_s: float) -> dict:
+    nc = await nats.connect(info.nats_url, user="admin", password=info.passwords["admin"])
+    js = nc.jetstream()
+    submitted: dict[str, float] = {}
+    placed: dict[str, float] = {}
+    running: dict[str, float] = {}
+
+    async def on_event(msg) -> None:
+        event = JobEvent.model_validate_json(msg.data)
+        if event.job_id in submitted:
+            if event.kind == "placed":
+                placed.setdefault(event.job_id, time.monotonic())
+            elif event.kind == "running":
+                running.setdefault(event.job_id, time.monotonic())
+
+    await nc.subscribe("tide.events.job.*.placed", cb=on_event)
+    await nc.subscribe("tide.events.job.*.running", cb=on_event)
+    cpu0 = cpu_seconds(placer_pid)
+    spec = {"metadata": {"name": "lat"}, "spec": {"template": {"command": ["sleep", str(run_s)],
+                                                                "resources": {"gpu": 1, "cpuMilli": 1000}}}}
+    start = time.monotonic()
+    n = int(rate * seconds)
+    for i in range(n):
+        due = start + i / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        job_id = f"r{rate}-{i}"
+        body = json.dumps({"schema_version": 1, "job_id": job_id, "spec": spec}).encode()
+        submitted[job_id] = time.monotonic()
+        await js.publish(subjects.JOB_SUBMIT, body, headers={"Tide-Job-Id": job_id})
+    offered_s = time.monotonic() - start
+    deadline = time.monotonic() + 60
+    while len(running) < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    cpu = cpu_seconds(placer_pid) - cpu0
+    await nc.close()
+    to_placed = [(placed[j] - submitted[j]) * 1000 for j in placed]
+    to_running = [(running[j] - submitted[j]) * 1000 for j in running]
+    last = max(placed.values(), default=start)
+    return {
+        "rate_offered": rate,
+        "jobs": n,
+        "offered_rate_achieved": round(n / offered_s, 1),
+        "placed": len(placed),
+        "sustained_placed_per_s": round(len(placed) / max(last - start, 1e-9), 1),
+        "submit_to_placed_ms": {"p50": round(pct(to_placed, 0.5), 1), "p99": round(pct(to_placed, 0.99), 1)},
+        "submit_to_running_ms": {"p50": round(pct(to_running, 0.5), 1), "p99": round(pct(to_running, 0.99), 1)},
+        "placer_cpu_ms_per_decision": round(cpu * 1000 / max(len(placed), 1), 2),
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    nodes = [default_h100_node(f"n{i:04d}", rack=f"r{i // 16}") for i in range(args.nodes)]
+    with tempfile.TemporaryDirectory() as home:
+        stack = Stack(Path(home), nodes, start_agents=False, env={"metrics": {"TIDE_METRICS_POLL_S": "5"}})
+        loop = asyncio.get_running_loop()
+        info = await loop.run_in_executor(None, stack.start)
+        agents = [SimAgent(info, n) for n in nodes]
+        try:
+            for i in range(0, len(agents), 50):
+                await asyncio.gather(*[a.start() for a in agents[i:i + 50]])
+            stop = asyncio.Event()
+
+            async def beats() -> None:
+                while not stop.is_set():
+                    await asyncio.gather(*[a.heartbeat() for a in agents])
+                    await asyncio.sleep(2)
+
+            beating = asyncio.create_task(beats())
+            admin = await nats.connect(info.nats_url, user="admin", password=info.passwords["admin"])
+            while len(json.loads((await admin.request(subjects.API_NODES, b"{}", timeout=10)).data)["nodes"]) \
+                    < len(nodes):
+                await asyncio.sleep(0.5)
+            await admin.close()
+            results = []
+            for rate in [int(r) for r in args.rates.split(",")]:
+                results.append(await run_rate(info, stack.procs["placer"].pid, rate, args.seconds, args.run_s))
+                await asyncio.sleep(args.run_s + 2)  # let the pods of this rate end
+            stop.set()
+            await beating
+        finally:
+            for a in agents:
+                await a.close()
+            await loop.run_in_executor(None, stack.stop)
+    return {"bench": "e2e_latency", "nodes": args.nodes, "seconds_per_rate": args.seconds,
+            "machine": f"{os.cpu_count()} CPUs shared by the load generator, the simulated agents and every service",
+            "rates": results}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--rates", default="100,300,500")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long each rate is offered")
+    parser.add_argument("--run-s", type=float, default=2.0, help="how long each job runs")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = asyncio.run(main_async(args))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    parts = [f"{r['rate_offered']}/s: placed p50 {r['submit_to_placed_ms']['p50']} ms p99 "
+             f"{r['submit_to_placed_ms']['p99']} ms, sustained {r['sustained_placed_per_s']}/s"
+             for r in result["rates"]]
+    print(f"e2e_latency on {result['nodes']} nodes: " + "; ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
