@@ -39,6 +39,8 @@ class Settings(BaseSettings):
 
     # placer
     placer_tick_s: float = 1.0
+    placer_resync_s: float = Field(default=5.0, description="rebuild the cached cluster view from Redis this often")
+    placer_bind_concurrency: int = Field(default=32, description="gangs bound (reserve, start, commit) at once")
     node_lost_after_s: float = Field(default=15.0, description="no heartbeat for this long: the node is lost")
     min_runtime_s: float = Field(default=60.0, description="a job runs this long before it can be preempted again")
     preemption_timeout_s: float = Field(default=120.0, description="wait this long for victims before preempting again")

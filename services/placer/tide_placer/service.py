@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 import nats
 import structlog
@@ -23,8 +24,8 @@ from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.clock import wall_clock
-from tide.core import DEFAULT_POLICY, Allocation, Cluster, OversubscriptionError, Placer, Unfit
-from tide.core.cycle import CycleState, plan_cycle
+from tide.core import DEFAULT_POLICY, Allocation, Placer, Unfit
+from tide.core.cycle import Bind, CycleState, plan_cycle
 from tide.core.job_placement import (
     PodPlacement,
     claim_items,
@@ -64,6 +65,8 @@ from tide.store.jobs import JobStore
 from tide.store.redis import connect_redis
 from tide.tracing import job_span
 
+from tide_placer.view import ClusterView
+
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.placer")
 PLACEABLE = (JobState.PENDING, JobState.UNSCHEDULABLE)
@@ -86,6 +89,7 @@ class PlacerService:
         self.redis = connect_redis(self.settings.redis_url)
         self.jobs = JobStore(self.redis)
         self.claims = ClaimStore(self.redis)
+        self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)
         await self.nc.subscribe(subjects.PLACER_KICK, cb=self._on_kick)
         await self.nc.subscribe(subjects.API_NODES, cb=self._api_nodes)
         await self.nc.subscribe(subjects.TELEMETRY_ALL, cb=self._on_telemetry)
@@ -140,17 +144,6 @@ class PlacerService:
                 await self._rollback(job_id, int(attempt), "gang reservation lapsed before every pod started")
         await self._detect_lost_nodes()
 
-    async def load_cluster(self) -> tuple[list[NodeDescription], Cluster]:
-        """The cluster as Redis holds it: registered nodes minus every claim."""
-        nodes = await self.claims.nodes()
-        cluster = Cluster.from_descriptions(nodes)
-        for key, alloc in (await self.claims.all_claims()).items():
-            try:
-                cluster.allocate(Allocation.from_dict(alloc))
-            except (OversubscriptionError, KeyError) as exc:
-                log.warning("claim_replay_failed", claim=key, error=str(exc))
-        return nodes, cluster
-
     async def queue_config(self) -> tuple[QueueTree, list[TideRule]]:
         raw = await self.redis.get(keys.QUEUE_CONFIG)
         config = json.loads(raw) if raw else None
@@ -166,18 +159,6 @@ class PlacerService:
                 log.warning("bad_family_weights", family=family)
         return out
 
-    async def running_jobs(self) -> dict[str, tuple[JobRecord, list[Allocation]]]:
-        """Every job holding claims, with its allocations."""
-        allocs: dict[str, list[Allocation]] = {}
-        for key, alloc in (await self.claims.all_claims()).items():
-            allocs.setdefault(key.split(":")[2], []).append(Allocation.from_dict(alloc))
-        out = {}
-        for job_id, held in allocs.items():
-            record = await self.jobs.get(job_id)
-            if record is not None:
-                out[job_id] = (record, held)
-        return out
-
     async def _place_pending(self) -> None:
         """Gather the snapshot, let the core plan the cycle, carry out the plan."""
         tree, tides = await self.queue_config()
@@ -186,20 +167,19 @@ class PlacerService:
             return
         now = time.time()
         pending: list[JobRecord] = []
-        for job_id in pending_ids:
-            record = await self.jobs.get(job_id)
+        for job_id, record in zip(pending_ids, await self.jobs.get_many(pending_ids), strict=True):
             if record is None or record.state not in PLACEABLE or record.cancel_requested:
                 await self.jobs.dequeue(job_id)
                 continue
             pending.append(record)
-        nodes, cluster = await self.load_cluster()
+        nodes, cluster, running = await self.view.refresh()
         if not nodes:
             return
         state = CycleState(
             nodes=nodes,
             cluster=cluster,
             pending=pending,
-            running=await self.running_jobs(),
+            running=running,
             tree=tree,
             tides=tides,
             weights=await self.family_weights(),
@@ -218,19 +198,32 @@ class PlacerService:
             await self._nominate(job_id, reason)
         for record, unfit in plan.not_placed:
             await self._not_placed(record, unfit)
-        for bind in plan.binds:
-            if bind.feedback is not None:
-                log.info("feedback_applied", job_id=bind.record.job_id, family=bind.feedback.family,
-                         memory_multiplier=bind.feedback.memory_multiplier, affinity=bind.feedback.affinity)
-            with job_span(tracer, "placer.bind", bind.record.job_id, pods=len(bind.placements)):
-                await self._bind(bind.record, bind.placements, nodes)
+        gate = asyncio.Semaphore(self.settings.placer_bind_concurrency)
+
+        async def bind(b: Bind) -> None:
+            async with gate:
+                if b.feedback is not None:
+                    log.info("feedback_applied", job_id=b.record.job_id, family=b.feedback.family,
+                             memory_multiplier=b.feedback.memory_multiplier, affinity=b.feedback.affinity)
+                with job_span(tracer, "placer.bind", b.record.job_id, pods=len(b.placements)):
+                    if not await self._bind(b.record, b.placements, nodes):
+                        self.view.invalidate()  # Redis refused what the view thought was free
+
+        # the plan's gangs are independent of each other (each was placed on what the previous left)
+        await asyncio.gather(*[bind(b) for b in plan.binds])
+
+    async def _update(self, job_id: str, change: Callable[[JobRecord], bool]) -> JobRecord | None:
+        """Change a job record atomically (``JobStore.update``) and keep the result in the view."""
+        record = await self.jobs.update(job_id, change)
+        self.view.remember(record)
+        return record
 
     async def _nominate(self, job_id: str, reason: str) -> None:
         def nominate(r: JobRecord) -> bool:
             r.nominated_at, r.reason = time.time(), reason
             return True
 
-        await self.jobs.update(job_id, nominate)
+        await self._update(job_id, nominate)
 
     async def _not_placed(self, record: JobRecord, unfit: Unfit) -> None:
         state = JobState.PENDING if unfit.resolvable else JobState.UNSCHEDULABLE
@@ -243,7 +236,7 @@ class PlacerService:
             r.state, r.reason = state, unfit.reason
             return True
 
-        updated = await self.jobs.update(record.job_id, change)
+        updated = await self._update(record.job_id, change)
         if updated is not None and state == JobState.UNSCHEDULABLE:
             log.info("job_unschedulable", job_id=record.job_id, reason=unfit.reason)
             await publish_job_event(self.js, updated, "unschedulable")
@@ -258,7 +251,7 @@ class PlacerService:
             r.preemptions += 1
             return True
 
-        updated = await self.jobs.update(job_id, mark)
+        updated = await self._update(job_id, mark)
         if updated is None:
             return
         await publish_job_event(self.js, updated, "checkpoint", reason="checkpoint now: preemption follows")
@@ -275,7 +268,7 @@ class PlacerService:
                 p.node, p.gpus, p.state, p.exit_code, p.reason = None, [], PodState.PENDING, None, None
             return True
 
-        updated = await self.jobs.update(job_id, back)
+        updated = await self._update(job_id, back)
         if updated is not None:
             await self.jobs.stop_done(job_id)
             await self.jobs.requeue(job_id, pending_score_of(updated))
@@ -321,7 +314,7 @@ class PlacerService:
                 pod.exit_code = pod.reason = None
             return True
 
-        updated = await self.jobs.update(job_id, assign)
+        updated = await self._update(job_id, assign)
         if updated is None:  # cancelled, or another placer got there first
             await self.claims.release([c.key for c in claims], resv)
             return False
@@ -365,7 +358,7 @@ class PlacerService:
             r.reservation, r.avoid_nodes = None, []
             return True
 
-        await self.jobs.update(job_id, committed)
+        await self._update(job_id, committed)
         log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements))
         return True
 
@@ -406,7 +399,7 @@ class PlacerService:
                 p.node, p.gpus, p.state, p.exit_code, p.reason = None, [], PodState.PENDING, None, None
             return True
 
-        updated = await self.jobs.update(job_id, back_to_pending)
+        updated = await self._update(job_id, back_to_pending)
         if updated is None:
             return
         if updated.cancel_requested:
@@ -447,7 +440,7 @@ class PlacerService:
             r.state, r.finished_at = JobState.CANCELLED, time.time()
             return True
 
-        updated = await self.jobs.update(job_id, cancel)
+        updated = await self._update(job_id, cancel)
         if updated is not None:
             await self.jobs.dequeue(job_id)
             await publish_job_event(self.js, updated, "cancelled")
@@ -476,6 +469,7 @@ class PlacerService:
     async def _node_registered(self, reg: NodeRegistered) -> None:
         node = reg.node
         await self.claims.set_capacity(node)
+        self.view.invalidate()
         await self.redis.srem(keys.LOST_NODES, node.node_id)
         self.last_seen[node.node_id] = time.time()
         log.info("node_registered", node_id=node.node_id, gpus=len(node.gpus), running=len(reg.running_pods))
@@ -528,7 +522,7 @@ class PlacerService:
             turned.append(mark_pod_started(r, pod))
             return True
 
-        record = await self.jobs.update(started.job_id, change)
+        record = await self._update(started.job_id, change)
         if record is None:
             return
         await publish_job_event(self.js, record, "pod-started", pod=pod, node=started.node_id,
@@ -557,7 +551,7 @@ class PlacerService:
             outcome.append(mark_pod_exited(r, named))
             return True
 
-        record = await self.jobs.update(exited.job_id, change)
+        record = await self._update(exited.job_id, change)
         self._kick.set()
         if record is None:
             return

@@ -38,6 +38,12 @@ class JobStore:
         raw = await self.redis.get(keys.job(job_id))
         return JobRecord.model_validate_json(raw) if raw else None
 
+    async def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
+        if not job_ids:
+            return []
+        raws = await self.redis.mget([keys.job(j) for j in job_ids])
+        return [JobRecord.model_validate_json(r) if r else None for r in raws]
+
     async def update(
         self, job_id: str, change: Callable[[JobRecord], bool]
     ) -> JobRecord | None:
