@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     preemption_timeout_s: float = Field(default=120.0, description="wait this long for victims before preempting again")
     clock_file: Path | None = Field(default=None, description="injected wall clock for tides (tests, drills)")
     placer_policy: str = Field(default="default", description="placement policy (tide.core.POLICIES)")
+    decision_log: Path | None = Field(
+        default=None, description="append each cycle's snapshot and binds here as JSON lines (tide sim replay)")
     start_ack_timeout_s: float = 5.0
     reservation_ttl_s: float = Field(default=30.0, description="a gang's claims lapse unless committed by then")
     requeue_backoff_s: float = Field(default=0.5, description="first requeue delay; doubles per failed attempt")

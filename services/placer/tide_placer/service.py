@@ -190,6 +190,10 @@ class PlacerService:
             preemption_timeout_s=self.settings.preemption_timeout_s,
         )
         plan = plan_cycle(state, self.placer)
+        if self.settings.decision_log is not None and plan.binds:
+            from tide.sim.replay_log import append_decision
+
+            append_decision(self.settings.decision_log, state, plan, self.placer.policy)
         for preemption in plan.preemptions:
             await self._preempt(preemption.job_id, preemption.by, preemption.why)
         for job_id, reason in plan.nominations.items():

@@ -22,6 +22,22 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", help="draw allocation and fragmentation curves to this PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=run_sim)
+    r = sub.add_parser("replay", help="discrete-event replay through the live scheduling cycle (capability ladder)")
+    r.add_argument("--nodes", default=DEFAULT_NODES, help="node list CSV")
+    r.add_argument("--pods", required=True, help="pod list CSV (openb format, with creation/deletion times)")
+    r.add_argument("--policy", action="append",
+                   help="capability rung(s) by number (0 = FIFO + first-fit, whole GPUs ... 6 = full Tide), "
+                        "'ladder' for all, or a placement policy name for full Tide with that policy")
+    r.add_argument("--seed", type=int, default=42)
+    r.add_argument("--speedup", type=float, default=50.0, help="divide inter-arrival times by this")
+    r.add_argument("--load", type=float, default=12.0, help="copies per sampled pod (Poisson mean): load level")
+    r.add_argument("--slice", dest="slice_nodes", type=int, default=120, help="GPU nodes sampled (0: all)")
+    r.add_argument("--start-day", type=float, default=115.0, help="skip trace pods created before this day")
+    r.add_argument("--horizon-h", type=float, help="stop after this many virtual hours")
+    r.add_argument("--tick", type=float, default=10.0, help="cycle tick in virtual seconds")
+    r.add_argument("--json", dest="json_out", help="write the result(s) as JSON here ('-' for stdout)")
+    r.add_argument("--plot", help="draw GPU allocation over time to this PNG")
+    r.set_defaults(handler=run_replay)
 
 
 def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -78,4 +94,51 @@ def run_sim(args: argparse.Namespace) -> int:
         from tide.sim.plot import plot_results
 
         plot_results(results, args.plot, title=f"openb {trace}, seed {args.seed}")
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from tide.core.placer import POLICIES
+    from tide.sim.replay import FULL, LADDER, replay
+    from tide.sim.replay_workload import WorkloadConfig, build_workload
+
+    rungs = []
+    for name in args.policy or ["6"]:
+        if name == "ladder":
+            rungs += list(LADDER)
+        elif name.isdigit() and int(name) < len(LADDER):
+            rungs.append(LADDER[int(name)])
+        elif name in POLICIES:
+            rungs.append(replace(FULL, name=f"full Tide, policy {name}", policy=name))
+        else:
+            print(f"unknown rung/policy {name!r}: 0-{len(LADDER) - 1}, ladder, or {', '.join(POLICIES)}",
+                  file=sys.stderr)
+            return 2
+    config = WorkloadConfig(seed=args.seed, nodes=args.slice_nodes, speedup=args.speedup, load=args.load,
+                            start_day=args.start_day,
+                            horizon_s=args.horizon_h * 3600 if args.horizon_h else None)
+    workload = build_workload(args.nodes, args.pods, config)
+    results = []
+    for caps in rungs:
+        res = replay(workload, caps, tick_s=args.tick).to_dict()
+        res["workload"] = {**workload.notes, **{k: v for k, v in vars(config).items()}}
+        results.append(res)
+        t = res["totals"]
+        online = t["queueing_delay_s"].get("online-serving", {})
+        print(f"{caps.name}: alloc {t['gpu_alloc_pct']:.1f}% (saturated {t['gpu_alloc_saturated_pct'] or 0:.1f}%),"
+              f" useful {t['useful_gpu_h']:.0f} GPU-h, online p99 wait {online.get('p99') or 0:.1f}s,"
+              f" {t['preemptions']} preemptions, {t['oom_kills']} OOM, {res['wall_s']:.1f}s", file=sys.stderr)
+    if args.json_out:
+        text = json.dumps(results[0] if len(results) == 1 else results)
+        if args.json_out == "-":
+            print(text)
+        else:
+            Path(args.json_out).write_text(text)
+    if args.plot:
+        from tide.sim.replay_plot import plot_replay
+
+        plot_replay(results, args.plot, title=f"openb {Path(args.pods).stem.removeprefix('openb_pod_list_')}, "
+                                              f"load {args.load:g}, speedup {args.speedup:g}, seed {args.seed}")
     return 0

@@ -23,6 +23,7 @@ from tide.core.plugins.base import Candidates, Context, ScorePlugin
 from tide.core.plugins.bestfit import BestFitScore, WorstFitScore
 from tide.core.plugins.dotproduct import DotProductScore
 from tide.core.plugins.fgd import FgdScore
+from tide.core.plugins.firstfit import FirstFitScore
 from tide.core.plugins.gpupacking import GpuPackingScore
 from tide.core.plugins.random_score import RandomScore
 from tide.core.plugins.tide_frag import TideFragScore
@@ -32,6 +33,7 @@ from tide.core.topology import GpuPosition, pick_gpus
 
 PLUGINS: dict[str, Callable[[], ScorePlugin]] = {
     "random": RandomScore,
+    "firstfit": FirstFitScore,
     "bestfit": lambda: BestFitScore(quantize=True),
     "bestfit_fine": lambda: BestFitScore(quantize=False),
     "worstfit": WorstFitScore,
@@ -55,6 +57,7 @@ POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
         PolicySpec("random", {"random": 1.0}, "uniformly random feasible node"),
+        PolicySpec("firstfit", {"firstfit": 1.0}, "first node in node order that fits, lowest GPU index"),
         PolicySpec("bestfit", {"bestfit": 1.0}, "least CPU+GPU left (reference BestFit)"),
         PolicySpec("worstfit", {"worstfit": 1.0}, "most CPU+GPU left (spread)"),
         PolicySpec("gpupacking", {"gpupacking": 1.0}, "shares onto shared GPUs, whole GPUs onto busy nodes"),
