@@ -112,6 +112,8 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
         for r in records.values()
     ], usage, capacity)
     earmarked: list[str] = []
+    lend_pools = {rule.lend for rule in tide_states}
+    lowest = min((PRIORITY_VALUES[r.spec.metadata.priority_class] for r, _ in running.values()), default=None)
     for pending in order:
         record = records[pending.job_id]
         over = within_limits(tree, record.spec.metadata.queue, pending.demand, usage)
@@ -125,8 +127,8 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
         feedback = state.weights.get(family_of(record.spec))
         result = place_job(placer, view, record.spec, state.nodes, exclude, feedback)
         if isinstance(result, Unfit):
-            if result.resolvable and _preempt_for(state, placer, plan, record, cluster, running, usage, exclude,
-                                                  tide_states, feedback):
+            if result.resolvable and _may_preempt(state, record, lowest, usage, lend_pools) and _preempt_for(
+                    state, placer, plan, record, cluster, running, usage, exclude, tide_states, feedback):
                 continue
             reason = result.reason
             if result.resolvable and not earmarked and record.spec.spec.gang_size > 1:
@@ -142,6 +144,20 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
         for path in tree.ancestors(tree.resolve(record.spec.metadata.queue)):
             usage[path] = add(usage.get(path, {}), pending.demand)
     return plan
+
+
+def _may_preempt(state: CycleState, record: JobRecord, lowest_running: int | None,
+                 usage: dict[str, dict[str, float]], lend_pools: set[str]) -> bool:
+    """A cheap test before looking for victims: does anything run below it, or is it owed capacity?"""
+    if record.nominated_at is not None:
+        return True
+    priority = PRIORITY_VALUES[record.spec.metadata.priority_class]
+    if selector_pool(record) in lend_pools:
+        return True
+    queue = state.tree.resolve(record.spec.metadata.queue)
+    if below_guarantee(state.tree.spec(queue), usage.get(queue, {})):
+        return True
+    return lowest_running is not None and lowest_running < priority
 
 
 def _preempt_for(
