@@ -96,7 +96,7 @@ class PlacerService:
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
-            consume(self.js, subjects.PLACER_NODE_STATUS, self._on_node_status, stop),
+            consume(self.js, subjects.PLACER_NODE_STATUS, self._on_node_status, stop, order_key=status_order_key),
             self._cycle_loop(stop),
         )
 
@@ -592,6 +592,15 @@ class PlacerService:
                 "last_seen_s": round(now - self.last_seen[n.node_id], 1) if n.node_id in self.last_seen else None,
             })
         await msg.respond(json.dumps({"nodes": out}).encode())
+
+
+def status_order_key(msg: Msg) -> str:
+    """Status messages of one job are handled in order; different jobs (and nodes) concurrently."""
+    try:
+        body = json.loads(msg.data)
+    except ValueError:
+        return msg.subject
+    return str(body.get("job_id") or msg.subject)
 
 
 def pending_score_of(record: JobRecord) -> float:

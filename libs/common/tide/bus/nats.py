@@ -104,11 +104,14 @@ async def consume(
     handler: Handler,
     stop: asyncio.Event,
     batch: int = 64,
+    order_key: Callable[[Msg], str] | None = None,
 ) -> None:
     """Pull from a durable, explicit-ack consumer until ``stop`` is set.
 
     The handler acks (or naks/terms) each message itself; an exception in the
-    handler naks the message so it is redelivered, up to ``max_deliver``.
+    handler naks the message so it is redelivered, up to ``max_deliver``. With
+    ``order_key``, the messages of a batch that share a key are handled in order and
+    different keys concurrently (e.g. one job's pod events in order, many jobs at once).
     """
     config = ConsumerConfig(
         durable_name=cdef.durable,
@@ -132,12 +135,19 @@ async def consume(
             sub = None
             await asyncio.sleep(0.5)
             continue
-        for msg in msgs:
+        groups: dict[str, list[Msg]] = {}
+        for i, msg in enumerate(msgs):
+            groups.setdefault(order_key(msg) if order_key else str(i // len(msgs)), []).append(msg)
+        await asyncio.gather(*[_handle_in_order(cdef, handler, group) for group in groups.values()])
+
+
+async def _handle_in_order(cdef: ConsumerDef, handler: Handler, msgs: list[Msg]) -> None:
+    for msg in msgs:
+        try:
+            await handler(msg)
+        except Exception as exc:
+            log.exception("handler_failed", consumer=cdef.durable, subject=msg.subject, error=repr(exc))
             try:
-                await handler(msg)
-            except Exception as exc:
-                log.exception("handler_failed", consumer=cdef.durable, subject=msg.subject, error=repr(exc))
-                try:
-                    await msg.nak(delay=1.0)
-                except Exception:
-                    pass
+                await msg.nak(delay=1.0)
+            except Exception:
+                pass
