@@ -109,6 +109,7 @@ async def run_rate(info: StackInfo, placer_pid: int, rate: int, seconds: float, 
     await nc.subscribe("tide.events.job.*.placed", cb=on_event)
     await nc.subscribe("tide.events.job.*.running", cb=on_event)
     cpu0 = cpu_seconds(placer_pid)
+    own0, wall0 = time.process_time(), time.monotonic()
     spec = {"metadata": {"name": "lat"}, "spec": {"template": {"command": ["sleep", str(run_s)],
                                                                 "resources": {"gpu": 1, "cpuMilli": 1000}}}}
     start = time.monotonic()
@@ -127,6 +128,7 @@ async def run_rate(info: StackInfo, placer_pid: int, rate: int, seconds: float, 
     while len(running) < n and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     cpu = cpu_seconds(placer_pid) - cpu0
+    own_cpu, wall = time.process_time() - own0, time.monotonic() - wall0
     await nc.close()
     to_placed = [(placed[j] - submitted[j]) * 1000 for j in placed]
     to_running = [(running[j] - submitted[j]) * 1000 for j in running]
@@ -140,6 +142,7 @@ async def run_rate(info: StackInfo, placer_pid: int, rate: int, seconds: float, 
         "submit_to_placed_ms": {"p50": round(pct(to_placed, 0.5), 1), "p99": round(pct(to_placed, 0.99), 1)},
         "submit_to_running_ms": {"p50": round(pct(to_running, 0.5), 1), "p99": round(pct(to_running, 0.99), 1)},
         "placer_cpu_ms_per_decision": round(cpu * 1000 / max(len(placed), 1), 2),
+        "load_generator_and_agents_cores": round(own_cpu / wall, 2),  # this process's share of the 2 cores
     }
 
 
