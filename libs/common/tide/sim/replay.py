@@ -5,7 +5,7 @@ placer service calls it; the replay only gathers the snapshot and carries out th
 service does with Redis and node agents:
 
 - events: arrivals, pod completions, OOM kills, preempted pods gone (after the victim's grace period),
-  tide window edges; event times are rounded up to the next tick (``tick_s``, 10 s by default, to keep
+  tide window edges; event times are rounded up to the next tick (``tick_s``, 30 s by default, to keep
   a run fast; online-serving arrivals to the next second, as the placer is kicked on each submission)
   and one cycle runs after the events of each tick;
 - binds: ``cluster.allocate`` and the job's record (attempt, pods, ``mark_pod_started``);
@@ -90,6 +90,7 @@ class _Job:
     queued_since: float = 0.0
     resubmits: int = 0
     running_since: float | None = None  # useful work started (gang-off: when the whole group runs)
+    work_milli: int = 0  # milli-GPU of work while it runs: what the job asked for (not what a rung rounded it to)
 
 
 @dataclass
@@ -107,7 +108,7 @@ class ReplayResult:
 
 
 class Replay:
-    def __init__(self, workload: Workload, caps: Capabilities = FULL, bins: int = 200, tick_s: float = 10.0) -> None:
+    def __init__(self, workload: Workload, caps: Capabilities = FULL, bins: int = 200, tick_s: float = 30.0) -> None:
         self.w = workload
         self.tick = tick_s
         self.caps = caps
@@ -184,7 +185,9 @@ class Replay:
         record = JobRecord(job_id=job_id, spec=spec, submitted_at=t, updated_at=t,
                            pods=[PodRecord(name=f"{job_id}-{i}", index=i) for i in range(spec.spec.replicas)])
         self.records[job_id] = record
-        self.jobs[job_id] = _Job(source, source.duration, t, group, queued_since=t, resubmits=resubmits)
+        work = round(job_demand(source.spec)["gpu"] * 1000 / source.gang)  # per pod of the original job
+        self.jobs[job_id] = _Job(source, source.duration, t, group, queued_since=t, resubmits=resubmits,
+                                 work_milli=work * (1 if group else source.gang))
         self.pending[job_id] = record
 
     # ------------------------------------------------------------ the loop
@@ -289,7 +292,7 @@ class Replay:
         if job.group is not None and job.running_since is not None:
             self.stats["idle_held_gpu_h"] += milli / 1000 * (t - job.running_since) / 3600
         job.running_since = t
-        self.useful_milli += milli
+        self.useful_milli += job.work_milli
         if job.source.need_mib is not None and job.group is None:
             allocs = self.running[job_id][1]
             given = min(a.gpu_mem_mib[0] for a in allocs if a.gpu_mem_mib)
@@ -307,7 +310,7 @@ class Replay:
         ran = 0.0
         if job.running_since is not None and (job.group is None or self._group_running(job.group)):
             ran = t - job.running_since
-            self.useful_milli -= sum(sum(a.gpu_milli) for a in allocs)
+            self.useful_milli -= job.work_milli
         job.running_since = None
         return ran
 
@@ -322,6 +325,7 @@ class Replay:
         job = self.jobs[job_id]
         members = self.groups[job.group] if job.group else [job_id]
         gpus = sum(sum(sum(a.gpu_milli) for a in self.running[m][1]) for m in members) / 1000
+        work = sum(self.jobs[m].work_milli for m in members) / 1000
         for m in members:
             rec = self.records[m]
             node = self.running[m][1][0].node_id if self.running[m][1] else ""
@@ -336,7 +340,7 @@ class Replay:
         klass = job.source.priority_class
         if not oom:
             self.stats["completed"] += 1
-            self.stats["useful_gpu_h"] += gpus * ran / 3600
+            self.stats["useful_gpu_h"] += work * ran / 3600
             self.jct.setdefault(klass, []).append(t - job.arrival)
             self.waits.setdefault(klass, []).append(job.waited)
             if self.caps.feedback and job.source.need_mib is not None:
@@ -448,5 +452,5 @@ def offered_load(jobs: list[ReplayJob], edges: np.ndarray) -> np.ndarray:
     return (gpus[:, None] * overlap).sum(axis=0) / np.diff(edges)
 
 
-def replay(workload: Workload, caps: Capabilities = FULL, bins: int = 200, tick_s: float = 10.0) -> ReplayResult:
+def replay(workload: Workload, caps: Capabilities = FULL, bins: int = 200, tick_s: float = 30.0) -> ReplayResult:
     return Replay(workload, caps, bins, tick_s).run()

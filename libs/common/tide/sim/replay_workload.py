@@ -58,10 +58,10 @@ MAX_DECLARED_S = 90 * 24 * 3600
 @dataclass(frozen=True)
 class WorkloadConfig:
     seed: int = 42
-    nodes: int = 300  # GPU nodes in the slice (0: all)
+    nodes: int = 40  # GPU nodes in the slice (0: all)
     speedup: float = 50.0
     start_day: float = 115.0  # trace pods created before this day are left out (the trace's sparse months)
-    load: float = 1.0  # copies of each sampled pod (Poisson mean): the load level
+    load: float = 20.0  # copies of each sampled pod (Poisson mean): the load level
     max_runtime_s: float = 14 * 24 * 3600
     inference_share: float = 0.15
     serving_peak: float = 0.85
