@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from importlib import resources
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
@@ -15,6 +16,7 @@ from tide.store import keys
 class JobStore:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
+        self._cas = redis.register_script(resources.files("tide.store").joinpath("lua/cas.lua").read_text())
 
     async def create(self, record: JobRecord, pending_score: float) -> bool:
         """Store a new job and enqueue it; False (and no change) when the id already exists."""
@@ -47,30 +49,24 @@ class JobStore:
     async def update(
         self, job_id: str, change: Callable[[JobRecord], bool]
     ) -> JobRecord | None:
-        """Apply ``change`` atomically (optimistic WATCH); it returns False to leave the record as is.
+        """Apply ``change`` atomically (read, change, compare-and-set; retried on a concurrent write).
+
+        ``change`` returns False to leave the record as is; it may run more than once.
 
         Returns the record after the change, or None when the job does not exist or nothing changed.
         """
         key = keys.job(job_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        await pipe.reset()
-                        return None
-                    record = JobRecord.model_validate_json(raw)
-                    if not change(record):
-                        await pipe.reset()
-                        return None
-                    record.updated_at = time.time()
-                    pipe.multi()
-                    pipe.set(key, record.to_json())
-                    await pipe.execute()
-                    return record
-                except WatchError:
-                    continue
+        while True:
+            raw = await self.redis.get(key)
+            if raw is None:
+                return None
+            record = JobRecord.model_validate_json(raw)
+            if not change(record):
+                return None
+            record.updated_at = time.time()
+            if await self._cas(keys=[key], args=[raw, record.to_json()]):
+                return record
+            # someone else changed it meanwhile: read it again and re-apply the change
 
     async def pending(self, limit: int = 1000) -> list[str]:
         return list(await self.redis.zrange(keys.PENDING, 0, limit - 1))
