@@ -222,6 +222,11 @@ class Replay:
                     self._requeue(job_id, attempt)
             self._cycle()
         self._advance(self.horizon)
+        for job_id, (_, allocs) in self.running.items():  # gang-off pods still waiting for the rest of their gang
+            job = self.jobs[job_id]
+            if job.group is not None and job.running_since is not None and not self._group_running(job.group):
+                milli = sum(sum(a.gpu_milli) for a in allocs)
+                self.stats["idle_held_gpu_h"] += milli / 1000 * (self.horizon - job.running_since) / 3600
         return self._result(time.perf_counter() - t0)
 
     def _advance(self, t: float) -> None:
@@ -301,14 +306,16 @@ class Replay:
                 return
         self.push(t + job.remaining, "done", job_id, record.attempts)
 
-    def _stop_work(self, job_id: str, t: float) -> float:
+    def _stop_work(self, job_id: str, t: float, useful: bool | None = None) -> float:
         """Release a running job's claims; returns the seconds it ran usefully."""
-        record, allocs = self.running.pop(job_id)
         job = self.jobs[job_id]
+        if useful is None:
+            useful = job.group is None or self._group_running(job.group)
+        record, allocs = self.running.pop(job_id)
         for alloc in allocs:
             self.cluster.release(alloc)
         ran = 0.0
-        if job.running_since is not None and (job.group is None or self._group_running(job.group)):
+        if job.running_since is not None and useful:
             ran = t - job.running_since
             self.useful_milli -= job.work_milli
         job.running_since = None
@@ -334,9 +341,10 @@ class Replay:
                                    reason=ExitReason.OOM if oom else ExitReason.COMPLETED)
                 if mark_pod_exited(rec, exited)[0] is not None:
                     rec.finished_at = t
+        useful = job.group is None or self._group_running(job.group)
         ran = 0.0
         for m in members:
-            ran = max(ran, self._stop_work(m, t))
+            ran = max(ran, self._stop_work(m, t, useful))
         klass = job.source.priority_class
         if not oom:
             self.stats["completed"] += 1

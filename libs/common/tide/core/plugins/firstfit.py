@@ -1,8 +1,8 @@
 """First fit: the first node in node order that fits, and on it the lowest-indexed GPU with room.
 
-The "no placement policy" baseline (what a plain scheduler without packing does): every node scores
-the same, so the placer's tie-break (first node in node order) decides; inside a node, a share goes to
-the lowest GPU index that has room rather than to the fullest one.
+The "no placement policy" baseline (what a plain scheduler without packing does): the score is minus
+the candidate's position (node index, then GPU index), so the first feasible node in node order wins
+and, inside it, a share goes to the lowest GPU index with room rather than to the fullest GPU.
 """
 
 from __future__ import annotations
@@ -16,4 +16,5 @@ class FirstFitScore:
     node_local = True
 
     def score(self, ctx: Context) -> np.ndarray:
-        return -np.maximum(ctx.cand.gpu, 0).astype(float) * 1e-3
+        # node order first, then GPU index (the score depends only on the candidate's position)
+        return -(ctx.cand.node.astype(float) * 64.0 + np.maximum(ctx.cand.gpu, 0))
