@@ -76,6 +76,9 @@ async def test_replay_of_a_recorded_live_run_makes_the_same_decisions(make_stack
     assert bound == set(specs)  # every job's placement was logged, once per bind
     assert cycles >= 2
     assert diffs == []
+    from tide.sim.__main__ import main
+
+    assert main(["replay", "--check-log", str(log)]) == 0
 
 
 def test_firstfit_takes_the_first_node_and_lowest_gpu_with_room() -> None:

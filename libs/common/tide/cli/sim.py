@@ -24,7 +24,8 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=run_sim)
     r = sub.add_parser("replay", help="discrete-event replay through the live scheduling cycle (capability ladder)")
     r.add_argument("--nodes", default=DEFAULT_NODES, help="node list CSV")
-    r.add_argument("--pods", required=True, help="pod list CSV (openb format, with creation/deletion times)")
+    r.add_argument("--pods", help="pod list CSV (openb format, with creation/deletion times)")
+    r.add_argument("--check-log", help="re-plan a placer decision log (TIDE_DECISION_LOG) and report differences")
     r.add_argument("--policy", action="append",
                    help="capability rung(s) by number (0 = FIFO + first-fit, whole GPUs ... 6 = full Tide), "
                         "'ladder' for all, or a placement policy name for full Tide with that policy")
@@ -104,6 +105,17 @@ def run_replay(args: argparse.Namespace) -> int:
     from tide.sim.replay import FULL, LADDER, replay
     from tide.sim.replay_workload import WorkloadConfig, build_workload
 
+    if args.check_log:
+        from tide.sim.replay_log import check_log
+
+        cycles, diffs = check_log(args.check_log)
+        for diff in diffs:
+            print(diff, file=sys.stderr)
+        print(f"{cycles} cycles re-planned, {len(diffs)} with different binds", file=sys.stderr)
+        return 1 if diffs else 0
+    if not args.pods:
+        print("--pods is required (or --check-log)", file=sys.stderr)
+        return 2
     rungs = []
     for name in args.policy or ["6"]:
         if name == "ladder":
