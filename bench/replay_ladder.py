@@ -58,8 +58,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tick", type=float, default=30.0)
     ap.add_argument("--rungs", default="", help="comma-separated rung numbers (default: all)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--merge", nargs="+", help="do not run: merge these result files (in rung order) into --out")
     ap.add_argument("--plot")
     args = ap.parse_args(argv)
+    if args.merge:
+        merged = [r for f in args.merge for r in json.loads(Path(f).read_text())]
+        names = [c.name for c in LADDER]
+        merged.sort(key=lambda r: names.index(r["capabilities"]["name"]))
+        Path(args.out).write_text(json.dumps(merged))
+        print(HEADER)
+        for res in merged:
+            print(row(res))
+        if args.plot:
+            from tide.sim.replay_plot import plot_replay
+
+            w = merged[0]["workload"]
+            plot_replay(merged, args.plot, title=f"openb default, {w['gpus']} GPUs, load {w['load']:g}, "
+                                                 f"speedup {w['speedup']:g}, seed {w['seed']}")
+        return 0
     config = WorkloadConfig(seed=args.seed, nodes=args.slice, speedup=args.speedup, load=args.load)
     workload = build_workload(args.nodes, args.pods, config)
     rungs = [LADDER[int(k)] for k in args.rungs.split(",")] if args.rungs else list(LADDER)
