@@ -96,7 +96,7 @@ def place_job(
         return _place_pods(placer, cordoned(cluster, exclude), request, gang, nodes)
     plan = place_gang(cluster, request, gang, require=require, prefer=prefer, exclude=exclude)
     if isinstance(plan, Unfit):
-        empty = place_gang(Cluster.from_descriptions(nodes), request, gang, require=require, prefer=prefer)
+        empty = place_gang(empty_cluster(nodes), request, gang, require=require, prefer=prefer)
         if isinstance(empty, Unfit):
             return Unfit(f"gang of {gang} x {describe(request)} can never fit: {empty.reason} when empty", False)
         return plan
@@ -112,7 +112,7 @@ def _place_pods(
         result = placer.place(what_if, request)
         if isinstance(result, Unfit):
             if gang > 1:
-                capacity = gang_capacity(placer, Cluster.from_descriptions(nodes), request, gang)
+                capacity = gang_capacity(placer, empty_cluster(nodes).copy(), request, gang)
                 if capacity < gang:
                     return Unfit(f"gang of {gang} x {describe(request)}: the whole cluster holds only {capacity}",
                                  False)
@@ -121,6 +121,18 @@ def _place_pods(
         what_if.allocate(result)
         placements.append(PodPlacement(index, result))
     return placements
+
+
+_EMPTY: dict[int, tuple[list[NodeDescription], Cluster]] = {}
+
+
+def empty_cluster(nodes: list[NodeDescription]) -> Cluster:
+    """The cluster of ``nodes`` with nothing on it, built once per node list (do not change it: copy it)."""
+    cached = _EMPTY.get(id(nodes))
+    if cached is None or cached[0] is not nodes:
+        _EMPTY.clear()  # one node list is current at a time (the placer's view, a replay)
+        cached = _EMPTY[id(nodes)] = (nodes, Cluster.from_descriptions(nodes))
+    return cached[1]
 
 
 def cordoned(cluster: Cluster, node_ids: set[str]) -> Cluster:
