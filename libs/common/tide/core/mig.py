@@ -9,6 +9,7 @@ MIG user guide (supported profiles and placements for A100/H100/H200).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MIG_MEMORY_SLOTS = 8
@@ -24,61 +25,31 @@ class MigProfile:
     starts: tuple[int, ...]
 
 
-def _table(mem_unit_gb: float, names: dict[str, tuple[int, int, tuple[int, ...]]]) -> dict[str, MigProfile]:
-    return {
-        name: MigProfile(name, compute, int(size * mem_unit_gb * 1024), size, starts)
-        for name, (compute, size, starts) in names.items()
-    }
+# (compute slices, memory slots, allowed first slots): the same placement rules on every 7-slice GPU
+_SHAPES: tuple[tuple[int, int, tuple[int, ...]], ...] = (
+    (1, 1, (0, 1, 2, 3, 4, 5, 6)),
+    (1, 2, (0, 2, 4, 6)),
+    (2, 2, (0, 2, 4)),
+    (3, 4, (0, 4)),
+    (4, 4, (0,)),
+    (7, 8, (0,)),
+)
 
 
-_SEVEN = (0, 1, 2, 3, 4, 5, 6)
-_EVEN = (0, 2, 4, 6)
+def _table(slot_gb: float) -> dict[str, MigProfile]:
+    """A model's profiles from the size of one memory slot; names as NVIDIA's (``<compute>g.<GB>gb``)."""
+    table = {}
+    for compute, size, starts in _SHAPES:
+        name = f"{compute}g.{math.floor(size * slot_gb + 0.5)}gb"
+        table[name] = MigProfile(name, compute, int(size * slot_gb * 1024), size, starts)
+    return table
+
 
 PROFILES_BY_MODEL: dict[str, dict[str, MigProfile]] = {
-    "A100-40GB": _table(
-        5,
-        {
-            "1g.5gb": (1, 1, _SEVEN),
-            "1g.10gb": (1, 2, _EVEN),
-            "2g.10gb": (2, 2, (0, 2, 4)),
-            "3g.20gb": (3, 4, (0, 4)),
-            "4g.20gb": (4, 4, (0,)),
-            "7g.40gb": (7, 8, (0,)),
-        },
-    ),
-    "A100-80GB": _table(
-        10,
-        {
-            "1g.10gb": (1, 1, _SEVEN),
-            "1g.20gb": (1, 2, _EVEN),
-            "2g.20gb": (2, 2, (0, 2, 4)),
-            "3g.40gb": (3, 4, (0, 4)),
-            "4g.40gb": (4, 4, (0,)),
-            "7g.80gb": (7, 8, (0,)),
-        },
-    ),
-    "H100-80GB": _table(
-        10,
-        {
-            "1g.10gb": (1, 1, _SEVEN),
-            "1g.20gb": (1, 2, _EVEN),
-            "2g.20gb": (2, 2, (0, 2, 4)),
-            "3g.40gb": (3, 4, (0, 4)),
-            "4g.40gb": (4, 4, (0,)),
-            "7g.80gb": (7, 8, (0,)),
-        },
-    ),
-    "H200-141GB": _table(
-        17.625,
-        {
-            "1g.18gb": (1, 1, _SEVEN),
-            "1g.35gb": (1, 2, _EVEN),
-            "2g.35gb": (2, 2, (0, 2, 4)),
-            "3g.71gb": (3, 4, (0, 4)),
-            "4g.71gb": (4, 4, (0,)),
-            "7g.141gb": (7, 8, (0,)),
-        },
-    ),
+    "A100-40GB": _table(5),
+    "A100-80GB": _table(10),
+    "H100-80GB": _table(10),
+    "H200-141GB": _table(17.625),
 }
 
 ALL_PROFILE_NAMES: frozenset[str] = frozenset(p for table in PROFILES_BY_MODEL.values() for p in table)
