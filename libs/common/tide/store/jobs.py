@@ -7,7 +7,6 @@ from collections.abc import Callable
 from importlib import resources
 
 from redis.asyncio import Redis
-from redis.exceptions import WatchError
 
 from tide.schemas.events import JobRecord
 from tide.store import keys
@@ -16,25 +15,17 @@ from tide.store import keys
 class JobStore:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._cas = redis.register_script(resources.files("tide.store").joinpath("lua/cas.lua").read_text())
+        lua = resources.files("tide.store").joinpath("lua")
+        self._cas = redis.register_script(lua.joinpath("cas.lua").read_text())
+        self._create = redis.register_script(lua.joinpath("create_job.lua").read_text())
 
     async def create(self, record: JobRecord, pending_score: float) -> bool:
         """Store a new job and enqueue it; False (and no change) when the id already exists."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(keys.job(record.job_id))
-                    if await pipe.exists(keys.job(record.job_id)):
-                        await pipe.reset()
-                        return False
-                    pipe.multi()
-                    pipe.set(keys.job(record.job_id), record.to_json())
-                    pipe.zadd(keys.JOBS_INDEX, {record.job_id: record.submitted_at})
-                    pipe.zadd(keys.PENDING, {record.job_id: pending_score})
-                    await pipe.execute()
-                    return True
-                except WatchError:
-                    continue
+        created = await self._create(
+            keys=[keys.job(record.job_id), keys.JOBS_INDEX, keys.PENDING],
+            args=[record.to_json(), record.job_id, record.submitted_at, pending_score],
+        )
+        return bool(created)
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.get(keys.job(job_id))
