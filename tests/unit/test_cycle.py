@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from tests.helpers import small_node
 from tide.core import Cluster, Placer
 from tide.core.cycle import CycleState, plan_cycle
 from tide.core.model import MILLI, Allocation
 from tide.core.tides import parse_tides
 from tide.schemas.events import JobRecord, JobState, PodRecord
 from tide.schemas.job import JobSpec
+
+from tests.helpers import small_node
 
 
 def record(job_id: str, gpu: int, replicas: int = 1, runtime: float | None = None, priority: str = "offline-training",
@@ -47,6 +48,7 @@ def test_only_a_job_that_ends_in_time_backfills_in_front_of_a_blocked_gang() -> 
     assert [b.record.job_id for b in plan.binds] == ["quick"]  # ends at 60, before r (at 100)
     waiting = {r.job_id: u.reason for r, u in plan.not_placed}
     assert "earmarked 2 node(s)" in waiting["gang"] and "unknown" in waiting
+    assert "it fits there once the 1 job(s) on them end (0 of them preemptible)" in waiting["gang"]
 
 
 def test_priority_preemption_plan_is_the_minimal_whole_gang_and_nominates() -> None:

@@ -133,7 +133,11 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
             reason = result.reason
             if result.resolvable and not earmarked and record.spec.spec.gang_size > 1:
                 earmarked = earmark(cluster, record.spec)
-                reason += f"; earmarked {len(earmarked)} node(s) so it is not starved"
+                marked = set(earmarked)
+                blocking = [r for r, allocs in running.values() if any(a.node_id in marked for a in allocs)]
+                preemptible = sum(is_preemptible(r.spec) for r in blocking)
+                reason += (f"; earmarked {len(earmarked)} node(s) so it is not starved: it fits there once the "
+                           f"{len(blocking)} job(s) on them end ({preemptible} of them preemptible)")
             plan.not_placed.append((record, Unfit(reason, result.resolvable)))
             continue
         plan.binds.append(Bind(record, result, feedback))
