@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 from redis.asyncio import Redis
-
 from tide.schemas.events import JobRecord
 from tide.schemas.job import JobSpec
 from tide.store.jobs import JobStore
