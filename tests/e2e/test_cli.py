@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -93,3 +94,23 @@ def test_sim_openb_runs_through_the_tide_command(tmp_path: Path) -> None:
     result = result[0] if isinstance(result, list) else result
     assert result["policy"] == "tide" and result["gpu_capacity"] == 32000
     assert 0 < result["allocated_pct_at_100"] <= 100
+
+
+def test_watch_prints_a_jobs_events_live(stack: Stack, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDE_")}
+    watch = subprocess.Popen([TIDE, "--home", str(stack.home), "watch"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(1.5)  # let it subscribe
+        spec_file = tmp_path / "job.yaml"
+        spec_file.write_text(yaml.safe_dump(job("watched", py("pass"), gpu=1)))
+        assert tide(stack.home, "submit", str(spec_file), "--job-id", "watched-1", "--wait").returncode == 0
+        seen: list[str] = []
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            seen.append(line.split()[1])
+            if "succeeded" in seen:
+                break
+        assert seen.index("queued") < seen.index("placed") < seen.index("running") < seen.index("succeeded")
+    finally:
+        watch.terminate()
+        watch.wait(timeout=10)
