@@ -47,6 +47,10 @@ def test_podman_and_nerdctl_with_mps_share() -> None:
         assert argv[argv.index("--ipc") + 1] == "host" and "/run/tide/mps/pipe:/run/tide/mps/pipe" in argv
     with pytest.raises(ValueError, match="no container image"):
         ContainerRuntime("docker").prepare(c, env, None)
+    # the job spec's image (template.image, carried by StartPod) wins over the agent's default
+    with_image = cmd(image="ghcr.io/team/serve:2")
+    argv = ContainerRuntime("docker", image="img:1").prepare(with_image, pod_environment(with_image, {}), None).argv
+    assert argv[-3:] == ["ghcr.io/team/serve:2", "python", "train.py"]
     with pytest.raises(ValueError, match="unknown runtime"):
         ContainerRuntime("lxc")
 

@@ -126,9 +126,10 @@ class ContainerRuntime:
         return f"tide-{cmd.job_id}-{cmd.pod}"[:128]
 
     def prepare(self, cmd: StartPod, env: dict[str, str], cpus: list[int] | None) -> LaunchSpec:
-        image = cmd.env.get("TIDE_IMAGE") or self.image
+        image = cmd.image or cmd.env.get("TIDE_IMAGE") or self.image
         if not image:
-            raise ValueError("no container image: set TIDE_IMAGE in the job's env or TIDE_RUNTIME_IMAGE on the agent")
+            raise ValueError("no container image: set the job's template.image (or TIDE_IMAGE in its env), "
+                             "or TIDE_RUNTIME_IMAGE on the agent")
         name = self.container_name(cmd)
         argv = [self.command, "run", "--rm", "--init", "--name", name,
                 "--label", f"tide.job={cmd.job_id}", "--label", f"tide.pod={cmd.pod}"]

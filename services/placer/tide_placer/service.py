@@ -337,6 +337,7 @@ class PlacerService:
                 pod_index=p.pod_index,
                 world_size=len(placements),
                 command=tmpl.command,
+                image=tmpl.image,
                 env={**tmpl.env, "TIDE_PREEMPTIONS": str(updated.preemptions),
                      "TIDE_LAST_CHECKPOINT_AT": str(updated.last_checkpoint_at or "")},
                 gpus=assignments[p.pod_index],

@@ -193,6 +193,7 @@ class StartPod(Message):
     pod_index: int
     world_size: int
     command: list[str]
+    image: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     gpus: list[GpuAssignment] = Field(default_factory=list)
     share_sm_percent: int | None = None

@@ -78,6 +78,8 @@ class Resources(_Strict):
 
 class PodTemplate(_Strict):
     command: list[str] = Field(min_length=1, max_length=256)
+    image: str | None = Field(default=None, max_length=512,
+                              description="container image, for agents that run pods in containers")
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
