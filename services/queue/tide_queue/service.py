@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
+from tide.core.job_placement import job_demand
 from tide.core.queue_order import pending_score
 from tide.core.queues import QueueTree
 from tide.core.tides import parse_tides
@@ -203,7 +204,7 @@ class QueueService:
             q = queues.setdefault(r.spec.metadata.queue, queue_row())
             q[r.state.value] = int(q[r.state.value]) + 1  # type: ignore[call-overload]
             if r.state == JobState.RUNNING:
-                demand = job_gpus(r)
+                demand = job_demand(r.spec)["gpu"]
                 for path in tree.ancestors(tree.resolve(r.spec.metadata.queue)):
                     row = queues.setdefault(path, queue_row())
                     row["gpus_in_use"] = float(row["gpus_in_use"]) + demand  # type: ignore[arg-type]
@@ -214,8 +215,3 @@ def queue_row(weight: float = 1.0, guarantee: dict | None = None, limit: dict | 
     return {"weight": weight, "guarantee": guarantee or {}, "limit": limit or {}, "gpus_in_use": 0.0,
             **{s.value: 0 for s in JobState}}
 
-
-def job_gpus(record: JobRecord) -> float:
-    res = record.spec.spec.template.resources
-    per_pod = res.gpu + (res.gpu_share.sm_percent / 100 if res.gpu_share else 0)
-    return per_pod * record.spec.spec.gang_size

@@ -28,11 +28,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tide.schemas.feedback import AFFINITY_PREFER_NODE, FamilyWeights
+from tide.schemas.feedback import AFFINITY_PREFER_NODE, APPLIED_MULTIPLIER_LABEL, FamilyWeights
 from tide.schemas.job import JobSpec
 
 MIB = 1024 * 1024
-APPLIED_LABEL = "tide.feedback/memory-multiplier"
+APPLIED_LABEL = APPLIED_MULTIPLIER_LABEL  # one definition: tide.schemas.feedback
 """Label on a resubmitted job: its share's memory already includes this multiplier."""
 _RESUBMIT = re.compile(r"^(?P<root>.+)-r(?P<k>[0-9]+)$")
 MAX_JOB_ID = 63

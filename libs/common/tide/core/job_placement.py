@@ -25,9 +25,10 @@ from tide.core import (
     never_fits,
     profiles_for,
 )
+from tide.core.feedback import applied_multiplier, effective_share_mib
 from tide.core.gang import place_gang
 from tide.core.topology import Level
-from tide.schemas.feedback import AFFINITY_PREFER_NODE, APPLIED_MULTIPLIER_LABEL, FamilyWeights
+from tide.schemas.feedback import AFFINITY_PREFER_NODE, FamilyWeights
 from tide.schemas.job import JobSpec, PriorityClass
 from tide.schemas.node import NodeDescription
 
@@ -47,11 +48,8 @@ def pod_request(spec: JobSpec, feedback: FamilyWeights | None = None, max_gpu_me
     request = PodRequest.from_resources(tmpl.resources, tmpl.node_selector)
     if feedback is None or request.kind != "share":
         return request
-    applied = float(spec.metadata.labels.get(APPLIED_MULTIPLIER_LABEL, "1") or 1)
-    factor = max(1.0, feedback.memory_multiplier / max(applied, 1.0))
-    memory = round(request.gpu_mem_mib * factor)
-    if max_gpu_mem_mib:
-        memory = min(memory, max_gpu_mem_mib)
+    factor = feedback.memory_multiplier / applied_multiplier(spec)
+    memory = effective_share_mib(request.gpu_mem_mib, factor, max_gpu_mem_mib or None)
     return replace(request, gpu_mem_mib=max(request.gpu_mem_mib, memory))
 
 
