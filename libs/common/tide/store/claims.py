@@ -131,9 +131,6 @@ class ClaimStore:
     async def used(self, node_id: str) -> dict[str, int]:
         return {k: int(v) for k, v in (await self.redis.hgetall(keys.used(node_id))).items()}
 
-    async def capacity(self, node_id: str) -> dict[str, int]:
-        return {k: int(v) for k, v in (await self.redis.hgetall(keys.capacity(node_id))).items()}
-
     async def all_claims(self) -> dict[str, dict[str, Any]]:
         """claim key -> allocation, for every claim held."""
         claim_keys = sorted(await self.redis.smembers(keys.CLAIMS_INDEX))
@@ -142,9 +139,3 @@ class ClaimStore:
                 pipe.hget(key, "alloc")
             raws = await pipe.execute()
         return {key: json.loads(raw) for key, raw in zip(claim_keys, raws, strict=True) if raw}
-
-    async def held(self, claim_keys: list[str]) -> list[bool]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key in claim_keys:
-                pipe.exists(key)
-            return [bool(x) for x in await pipe.execute()]
