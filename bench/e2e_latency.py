@@ -91,7 +91,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def run_rate(info: StackInfo, placer_pid: int, rate: int, seconds: float, run_s: float) -> dict:
+async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: float, run_s: float) -> dict:
     nc = await nats.connect(info.nats_url, user="admin", password=info.passwords["admin"])
     js = nc.jetstream()
     submitted: dict[str, float] = {}
@@ -108,7 +108,7 @@ async def run_rate(info: StackInfo, placer_pid: int, rate: int, seconds: float, 
 
     await nc.subscribe("tide.events.job.*.placed", cb=on_event)
     await nc.subscribe("tide.events.job.*.running", cb=on_event)
-    cpu0 = cpu_seconds(placer_pid)
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     own0, wall0 = time.process_time(), time.monotonic()
     spec = {"metadata": {"name": "lat"}, "spec": {"template": {"command": ["sleep", str(run_s)],
                                                                 "resources": {"gpu": 1, "cpuMilli": 1000}}}}
@@ -127,7 +127,7 @@ async def run_rate(info: StackInfo, placer_pid: int, rate: int, seconds: float, 
     deadline = time.monotonic() + 60
     while len(running) < n and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    cpu = cpu_seconds(placer_pid) - cpu0
+    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     own_cpu, wall = time.process_time() - own0, time.monotonic() - wall0
     await nc.close()
     to_placed = [(placed[j] - submitted[j]) * 1000 for j in placed]
@@ -141,7 +141,9 @@ async def run_rate(info: StackInfo, placer_pid: int, rate: int, seconds: float, 
         "sustained_placed_per_s": round(len(placed) / max(last - start, 1e-9), 1),
         "submit_to_placed_ms": {"p50": round(pct(to_placed, 0.5), 1), "p99": round(pct(to_placed, 0.99), 1)},
         "submit_to_running_ms": {"p50": round(pct(to_running, 0.5), 1), "p99": round(pct(to_running, 0.99), 1)},
-        "placer_cpu_ms_per_decision": round(cpu * 1000 / max(len(placed), 1), 2),
+        "placer_cpu_ms_per_decision": round(cpu["placer"] * 1000 / max(len(placed), 1), 2),
+        # CPU of each process of the stack per job that ran (submit to exit), in ms
+        "cpu_ms_per_job": {name: round(c * 1000 / max(len(running), 1), 2) for name, c in cpu.items()},
         "load_generator_and_agents_cores": round(own_cpu / wall, 2),  # this process's share of the 2 cores
     }
 
@@ -172,7 +174,8 @@ async def main_async(args: argparse.Namespace) -> dict:
             await admin.close()
             results = []
             for rate in [int(r) for r in args.rates.split(",")]:
-                results.append(await run_rate(info, stack.procs["placer"].pid, rate, args.seconds, args.run_s))
+                pids = {name: p.pid for name, p in stack.procs.items()}
+                results.append(await run_rate(info, pids, rate, args.seconds, args.run_s))
                 await asyncio.sleep(args.run_s + 2)  # let the pods of this rate end
             stop.set()
             await beating

@@ -7,6 +7,7 @@ import asyncio
 from redis.asyncio import Redis
 from tide.schemas.events import JobRecord
 from tide.schemas.job import JobSpec
+from tide.store import keys
 from tide.store.jobs import JobStore
 
 
@@ -31,3 +32,40 @@ async def test_concurrent_updates_all_apply(redis_url: str) -> None:
     finally:
         for c in clients:
             await c.aclose()
+
+
+async def test_change_from_a_known_record_never_trusts_it(redis_url: str) -> None:
+    """A cached copy saves a read when it is current; when it is stale it decides nothing."""
+    client = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        store = JobStore(client)
+        spec = JobSpec.model_validate({"metadata": {"name": "k"}, "spec": {"template": {"command": ["x"]}}})
+        assert await store.create(JobRecord(job_id="k", spec=spec, submitted_at=0, updated_at=0), 1.0)
+        stale = await client.get(keys.job("k"))
+
+        def bump(r: JobRecord) -> bool:
+            r.attempts += 1
+            return True
+
+        first = await store.change("k", bump, known=stale)
+        assert first is not None and first[0].attempts == 1 and first[1] == await client.get(keys.job("k"))
+        # the stale copy (attempts 0) is refused by compare-and-set: the change applies to the stored record
+        second = await store.change("k", bump, known=stale)
+        assert second is not None and second[0].attempts == 2
+        # a change declined on the stale copy is asked again on the fresh one
+        seen: list[int] = []
+
+        def only_after_two(r: JobRecord) -> bool:
+            seen.append(r.attempts)
+            return r.attempts >= 2
+
+        assert await store.change("k", only_after_two, known=stale) is not None
+        assert seen[0] == 0 and seen[-1] == 2
+        # dequeue leaves the pending set in the same step, and only when the write happens
+        assert await store.pending() == ["k"]
+        assert await store.change("k", lambda r: False, dequeue=True) is None
+        assert await store.pending() == ["k"]
+        assert await store.change("k", bump, dequeue=True) is not None
+        assert await store.pending() == []
+    finally:
+        await client.aclose()

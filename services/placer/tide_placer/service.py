@@ -52,7 +52,6 @@ from tide.schemas.events import (
     PodState,
     StartPod,
     StopPod,
-    Telemetry,
     agent_pod_id,
     parse_agent_pod_id,
 )
@@ -109,12 +108,10 @@ class PlacerService:
         self._kick.set()
 
     async def _on_telemetry(self, msg: Msg) -> None:
-        try:
-            t = Telemetry.model_validate_json(msg.data)
-        except ValueError:
-            return
-        if msg.subject == subjects.telemetry(t.node_id):
-            self.last_seen[t.node_id] = time.time()
+        """A heartbeat: the subject names the node (only that node's user may publish on it)."""
+        node_id = msg.subject.removeprefix(subjects.telemetry(""))
+        if node_id and "." not in node_id:
+            self.last_seen[node_id] = time.time()
 
     async def _cycle_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -167,12 +164,14 @@ class PlacerService:
             return
         now = time.time()
         pending: list[JobRecord] = []
-        for job_id, record in zip(pending_ids, await self.jobs.get_many(pending_ids), strict=True):
-            if record is None or record.state not in PLACEABLE or record.cancel_requested:
+        for job_id, record in zip(pending_ids, await self.view.records(pending_ids), strict=True):
+            if record is not None and not placeable(record):  # the view's copy may be out of date
+                record = (await self.view.records([job_id], fresh=True))[0]
+            if record is None or not placeable(record):
                 await self.jobs.dequeue(job_id)
                 continue
             pending.append(record)
-        nodes, cluster, running = await self.view.refresh()
+        nodes, cluster, running = await self.view.refresh(pending_ids)
         if not nodes:
             return
         state = CycleState(
@@ -210,16 +209,21 @@ class PlacerService:
                     log.info("feedback_applied", job_id=b.record.job_id, family=b.feedback.family,
                              memory_multiplier=b.feedback.memory_multiplier, affinity=b.feedback.affinity)
                 with job_span(tracer, "placer.bind", b.record.job_id, pods=len(b.placements)):
-                    if not await self._bind(b.record, b.placements, nodes):
+                    if not await self._bind(b.record, b.placements, self.view.by_id):
                         self.view.invalidate()  # Redis refused what the view thought was free
 
         # the plan's gangs are independent of each other (each was placed on what the previous left)
         await asyncio.gather(*[bind(b) for b in plan.binds])
 
-    async def _update(self, job_id: str, change: Callable[[JobRecord], bool]) -> JobRecord | None:
-        """Change a job record atomically (``JobStore.update``) and keep the result in the view."""
-        record = await self.jobs.update(job_id, change)
-        self.view.remember(record)
+    async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False
+                      ) -> JobRecord | None:
+        """Change a job record atomically (``JobStore.change``, starting from the view's copy) and keep
+        the result in the view; with ``dequeue`` the job leaves the pending set in the same step."""
+        result = await self.jobs.change(job_id, change, known=self.view.raw(job_id), dequeue=dequeue)
+        if result is None:
+            return None
+        record, raw = result
+        self.view.remember(record, raw)
         return record
 
     async def _nominate(self, job_id: str, reason: str) -> None:
@@ -280,7 +284,8 @@ class PlacerService:
             self._kick.set()
 
     # ------------------------------------------------------------ reserve -> start -> commit
-    async def _bind(self, record: JobRecord, placements: list[PodPlacement], nodes: list[NodeDescription]) -> bool:
+    async def _bind(self, record: JobRecord, placements: list[PodPlacement],
+                    by_id: dict[str, NodeDescription]) -> bool:
         """Reserve every pod's slots in one atomic step, start the pods, commit when all acknowledged.
 
         Returns True when the reservation was taken (the cluster view must then include it).
@@ -288,7 +293,6 @@ class PlacerService:
         job_id = record.job_id
         attempt = record.attempts + 1
         resv = f"{job_id}:{attempt}"
-        by_id = {n.node_id: n for n in nodes}
         assignments = {p.pod_index: gpu_assignments(by_id[p.alloc.node_id], p.alloc) for p in placements}
         claims = [
             PodClaim(
@@ -318,11 +322,10 @@ class PlacerService:
                 pod.exit_code = pod.reason = None
             return True
 
-        updated = await self._update(job_id, assign)
+        updated = await self._update(job_id, assign, dequeue=True)
         if updated is None:  # cancelled, or another placer got there first
             await self.claims.release([c.key for c in claims], resv)
             return False
-        await self.jobs.dequeue(job_id)
         log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}))
         await publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at, reason="placed")
         if self.settings.fault_pause_after_reserve_s:
@@ -602,6 +605,10 @@ def status_order_key(msg: Msg) -> str:
     except ValueError:
         return msg.subject
     return str(body.get("job_id") or msg.subject)
+
+
+def placeable(record: JobRecord) -> bool:
+    return record.state in PLACEABLE and not record.cancel_requested
 
 
 def pending_score_of(record: JobRecord) -> float:

@@ -1,16 +1,23 @@
-"""The placer's cached view of the cluster: registered nodes minus claims, and the jobs holding them.
+"""The placer's cached view of the cluster: registered nodes minus claims, and the jobs it plans with.
 
 Redis stays the authority. Each cycle the view diffs the claim index against what it has applied
 (new claims are allocated, gone ones released) instead of rebuilding everything, and it rebuilds from
 scratch every ``resync_s``, when the node set changes, or when told it is stale (a reservation it
 thought would fit was refused by Redis). A stale view can only cost a refused reservation, never a
 double allocation: the claim script checks every slot.
+
+It also keeps the job records it plans with (pending jobs and jobs holding claims), as the JSON last
+read or written with the parsed record, so that a backlog of pending jobs is not read and parsed again
+every cycle. A kept record is read again after ``resync_s``; every write compares against what Redis
+holds (``JobStore.change``), so an out-of-date copy can cost a planning mistake that Redis refuses,
+never a lost change.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 
 import structlog
 from redis.asyncio import Redis
@@ -24,41 +31,95 @@ log = structlog.get_logger()
 Running = dict[str, tuple[JobRecord, list[Allocation]]]
 
 
+@dataclass(frozen=True)
+class Known:
+    raw: str  # the JSON as stored in Redis
+    record: JobRecord  # parsed from ``raw``; never changed in place
+    read_at: float  # monotonic
+
+
 class ClusterView:
     def __init__(self, redis: Redis, claims: ClaimStore, resync_s: float) -> None:
         self.redis = redis
         self.claims = claims
         self.resync_s = resync_s
         self.nodes: list[NodeDescription] = []
+        self.by_id: dict[str, NodeDescription] = {}
         self.cluster = Cluster.from_descriptions([])
         self.allocs: dict[str, Allocation] = {}  # claim key -> allocation applied to ``cluster``
-        self.records: dict[str, JobRecord] = {}  # newest known record of each job holding claims
+        self.known: dict[str, Known] = {}  # job id -> its record as last read or written
+        self._node_raw: dict[str, tuple[str, NodeDescription]] = {}
         self._built = 0.0
         self._stale = True
 
     def invalidate(self) -> None:
         self._stale = True
 
-    def remember(self, record: JobRecord | None) -> None:
-        """Keep a record this placer just wrote (saves reading it back)."""
-        if record is not None and record.job_id in self.records:
-            self.records[record.job_id] = record
+    # ------------------------------------------------------------ job records
+    def raw(self, job_id: str) -> str | None:
+        known = self.known.get(job_id)
+        return known.raw if known is not None else None
 
-    async def refresh(self) -> tuple[list[NodeDescription], Cluster, Running]:
+    def remember(self, record: JobRecord, raw: str) -> None:
+        """Keep a record this placer just wrote (saves reading it back)."""
+        self.known[record.job_id] = Known(raw, record, time.monotonic())
+
+    def record(self, job_id: str) -> JobRecord | None:
+        known = self.known.get(job_id)
+        return known.record if known is not None else None
+
+    async def records(self, job_ids: list[str], fresh: bool = False) -> list[JobRecord | None]:
+        """The records of ``job_ids``: kept ones unless older than ``resync_s`` (or ``fresh``), the others
+        read in one call."""
+        now = time.monotonic()
+        stale = [j for j in job_ids
+                 if fresh or (k := self.known.get(j)) is None or now - k.read_at >= self.resync_s]
+        if stale:
+            for job_id, raw in zip(stale, await self.redis.mget([keys.job(j) for j in stale]), strict=True):
+                if raw:
+                    self.known[job_id] = Known(raw, JobRecord.model_validate_json(raw), now)
+                else:
+                    self.known.pop(job_id, None)
+        return [k.record if (k := self.known.get(j)) is not None else None for j in job_ids]
+
+    def forget_except(self, job_ids: set[str]) -> None:
+        """Drop kept records of jobs neither pending nor holding claims (a bounded cache)."""
+        for job_id in [j for j in self.known if j not in job_ids]:
+            del self.known[job_id]
+
+    # ------------------------------------------------------------ the cluster
+    async def refresh(self, pending_ids: list[str]) -> tuple[list[NodeDescription], Cluster, Running]:
         node_ids = set(await self.redis.smembers(keys.NODES))
         claim_keys = set(await self.redis.smembers(keys.CLAIMS_INDEX))
         fresh = time.monotonic() - self._built < self.resync_s
-        if self._stale or not fresh or node_ids != {n.node_id for n in self.nodes}:
+        if self._stale or not fresh or node_ids != set(self.by_id):
             await self._rebuild(claim_keys)
         else:
             await self._apply_diff(claim_keys)
-        return self.nodes, self.cluster, await self._running()
+        running = await self._running()
+        self.forget_except(set(pending_ids) | set(running))
+        return self.nodes, self.cluster, running
+
+    async def _read_nodes(self) -> list[NodeDescription]:
+        """Every registered node; a description is parsed again only when its stored JSON changed."""
+        ids = sorted(await self.redis.smembers(keys.NODES))
+        raws = await self.redis.mget([keys.node(i) for i in ids]) if ids else []
+        out, parsed = [], {}
+        for node_id, raw in zip(ids, raws, strict=True):
+            if not raw:
+                continue
+            cached = self._node_raw.get(node_id)
+            node = cached[1] if cached is not None and cached[0] == raw else NodeDescription.model_validate_json(raw)
+            parsed[node_id] = (raw, node)
+            out.append(node)
+        self._node_raw = parsed
+        return out
 
     async def _rebuild(self, claim_keys: set[str]) -> None:
-        self.nodes = await self.claims.nodes()
+        self.nodes = await self._read_nodes()
+        self.by_id = {n.node_id: n for n in self.nodes}
         self.cluster = Cluster.from_descriptions(self.nodes)
         self.allocs = {}
-        self.records = {}
         await self._add(sorted(claim_keys))
         self._built, self._stale = time.monotonic(), False
 
@@ -95,12 +156,6 @@ class ClusterView:
         by_job: dict[str, list[Allocation]] = {}
         for key, alloc in self.allocs.items():
             by_job.setdefault(key.split(":")[2], []).append(alloc)
-        missing = [j for j in by_job if j not in self.records]
-        if missing:
-            raws = await self.redis.mget([keys.job(j) for j in missing])
-            for job_id, raw in zip(missing, raws, strict=True):
-                if raw:
-                    self.records[job_id] = JobRecord.model_validate_json(raw)
-        for job_id in set(self.records) - set(by_job):
-            del self.records[job_id]
-        return {j: (self.records[j], allocs) for j, allocs in by_job.items() if j in self.records}
+        job_ids = list(by_job)
+        records = await self.records(job_ids)
+        return {j: (r, by_job[j]) for j, r in zip(job_ids, records, strict=True) if r is not None}

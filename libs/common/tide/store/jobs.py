@@ -46,18 +46,39 @@ class JobStore:
 
         Returns the record after the change, or None when the job does not exist or nothing changed.
         """
+        result = await self.change(job_id, change)
+        return result[0] if result is not None else None
+
+    async def change(
+        self, job_id: str, change: Callable[[JobRecord], bool], known: str | None = None, dequeue: bool = False
+    ) -> tuple[JobRecord, str] | None:
+        """``update`` that starts from ``known`` (a serialised record the caller holds, saving a read) and
+        returns the stored JSON with the record; with ``dequeue`` the job leaves the pending set in the
+        same atomic step. A ``known`` that is out of date costs a read: it never decides anything (the
+        compare-and-set refuses it, and a ``change`` that declines it is asked again on a fresh read)."""
         key = keys.job(job_id)
+        raw = known
         while True:
-            raw = await self.redis.get(key)
-            if raw is None:
-                return None
+            fresh = raw is None
+            if fresh:
+                raw = await self.redis.get(key)
+                if raw is None:
+                    return None
             record = JobRecord.model_validate_json(raw)
             if not change(record):
-                return None
+                if fresh:
+                    return None
+                raw = None  # declined on what may be stale: ask again on what Redis holds
+                continue
             record.updated_at = time.time()
-            if await self._cas(keys=[key], args=[raw, record.to_json()]):
-                return record
-            # someone else changed it meanwhile: read it again and re-apply the change
+            new = record.to_json()
+            if dequeue:
+                done = await self._cas(keys=[key, keys.PENDING], args=[raw, new, job_id])
+            else:
+                done = await self._cas(keys=[key], args=[raw, new])
+            if done:
+                return record, new
+            raw = None  # someone else changed it meanwhile: read it again and re-apply the change
 
     async def pending(self, limit: int = 1000) -> list[str]:
         return list(await self.redis.zrange(keys.PENDING, 0, limit - 1))
