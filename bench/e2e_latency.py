@@ -172,9 +172,13 @@ async def main_async(args: argparse.Namespace) -> dict:
                     < len(nodes):
                 await asyncio.sleep(0.5)
             await admin.close()
+            pids = {name: p.pid for name, p in stack.procs.items()}
+            idle0, wall0 = {name: cpu_seconds(pid) for name, pid in pids.items()}, time.monotonic()
+            await asyncio.sleep(5)  # no jobs: what heartbeats, ticks and polls cost on their own
+            idle_cores = {name: round((cpu_seconds(pid) - idle0[name]) / (time.monotonic() - wall0), 3)
+                          for name, pid in pids.items()}
             results = []
             for rate in [int(r) for r in args.rates.split(",")]:
-                pids = {name: p.pid for name, p in stack.procs.items()}
                 results.append(await run_rate(info, pids, rate, args.seconds, args.run_s))
                 await asyncio.sleep(args.run_s + 2)  # let the pods of this rate end
             stop.set()
@@ -185,7 +189,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             await loop.run_in_executor(None, stack.stop)
     return {"bench": "e2e_latency", "nodes": args.nodes, "seconds_per_rate": args.seconds,
             "machine": f"{os.cpu_count()} CPUs shared by the load generator, the simulated agents and every service",
-            "rates": results}
+            "idle_cores": idle_cores, "rates": results}
 
 
 def main() -> None:

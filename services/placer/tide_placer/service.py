@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import nats
 import structlog
@@ -69,6 +70,19 @@ from tide_placer.view import ClusterView
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.placer")
 PLACEABLE = (JobState.PENDING, JobState.UNSCHEDULABLE)
+LOST_CHECK_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A gang whose slots are reserved in Redis and whose record names the attempt."""
+
+    record: JobRecord
+    placements: list[PodPlacement]
+    assignments: dict[int, list[GpuAssignment]]
+    resv: str
+    attempt: int
+    taken: bool = True  # False: the job changed meanwhile and the slots were handed back
 
 
 class PlacerService:
@@ -78,6 +92,8 @@ class PlacerService:
         self.started_at = time.time()
         self._kick = asyncio.Event()
         self._cycle_lock = asyncio.Lock()
+        self._lost_checked_at = 0.0
+        self._starting: set[asyncio.Task[None]] = set()  # reserved gangs being started and committed
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
 
@@ -100,6 +116,8 @@ class PlacerService:
         )
 
     async def close(self) -> None:
+        if self._starting:  # let reserved gangs finish starting (or roll back) before the connections go
+            await asyncio.wait(self._starting, timeout=self.settings.start_ack_timeout_s + 2)
         await close_nats(self.nc)
         await self.redis.aclose()
 
@@ -203,17 +221,26 @@ class PlacerService:
             await self._not_placed(record, unfit)
         gate = asyncio.Semaphore(self.settings.placer_bind_concurrency)
 
-        async def bind(b: Bind) -> None:
+        async def reserve(b: Bind) -> None:
             async with gate:
                 if b.feedback is not None:
                     log.info("feedback_applied", job_id=b.record.job_id, family=b.feedback.family,
                              memory_multiplier=b.feedback.memory_multiplier, affinity=b.feedback.affinity)
-                with job_span(tracer, "placer.bind", b.record.job_id, pods=len(b.placements)):
-                    if not await self._bind(b.record, b.placements, self.view.by_id):
-                        self.view.invalidate()  # Redis refused what the view thought was free
+                with job_span(tracer, "placer.reserve", b.record.job_id, pods=len(b.placements)):
+                    reserved = await self._reserve(b.record, b.placements, self.view.by_id)
+            if reserved is None:
+                self.view.invalidate()  # Redis refused what the view thought was free
+                return
+            if not reserved.taken:
+                return
+            task = asyncio.get_running_loop().create_task(self._start(reserved))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
 
-        # the plan's gangs are independent of each other (each was placed on what the previous left)
-        await asyncio.gather(*[bind(b) for b in plan.binds])
+        # The plan's gangs are independent of each other (each was placed on what the previous left).
+        # The cycle waits for their reservations (so the next cycle sees them in Redis) but not for the
+        # agents' acknowledgements: starting and committing go on in the background.
+        await asyncio.gather(*[reserve(b) for b in plan.binds])
 
     async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False
                       ) -> JobRecord | None:
@@ -284,12 +311,11 @@ class PlacerService:
             self._kick.set()
 
     # ------------------------------------------------------------ reserve -> start -> commit
-    async def _bind(self, record: JobRecord, placements: list[PodPlacement],
-                    by_id: dict[str, NodeDescription]) -> bool:
-        """Reserve every pod's slots in one atomic step, start the pods, commit when all acknowledged.
+    async def _reserve(self, record: JobRecord, placements: list[PodPlacement],
+                       by_id: dict[str, NodeDescription]) -> Reserved | None:
+        """Reserve every pod's slots in one atomic step (with a TTL) and record the attempt.
 
-        Returns True when the reservation was taken (the cluster view must then include it).
-        """
+        Returns None when Redis refused (the cluster view was stale) or the job changed meanwhile."""
         job_id = record.job_id
         attempt = record.attempts + 1
         resv = f"{job_id}:{attempt}"
@@ -308,7 +334,7 @@ class PlacerService:
         ok, why = await self.claims.reserve(claims, resv, ttl_ms)
         if not ok:
             log.info("reserve_lost", job_id=job_id, reason=why)
-            return False
+            return None
 
         def assign(r: JobRecord) -> bool:
             if r.state not in PLACEABLE or r.cancel_requested or r.attempts != attempt - 1:
@@ -323,52 +349,63 @@ class PlacerService:
             return True
 
         updated = await self._update(job_id, assign, dequeue=True)
-        if updated is None:  # cancelled, or another placer got there first
+        if updated is None:  # cancelled, or another placer got there first: not a stale view
             await self.claims.release([c.key for c in claims], resv)
-            return False
+            return Reserved(record, placements, assignments, resv, attempt, taken=False)
         log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}))
-        await publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at, reason="placed")
-        if self.settings.fault_pause_after_reserve_s:
-            await asyncio.sleep(self.settings.fault_pause_after_reserve_s)
-        tmpl = updated.spec.spec.template
-        share = tmpl.resources.gpu_share
-        results = await asyncio.gather(*[
-            self._send(p.alloc.node_id, StartPod(
-                event_id=f"{resv}.{p.pod_index}.start",
-                job_id=job_id,
-                pod=agent_pod_id(updated.pods[p.pod_index].name, attempt),
-                pod_index=p.pod_index,
-                world_size=len(placements),
-                command=tmpl.command,
-                image=tmpl.image,
-                env={**tmpl.env, "TIDE_PREEMPTIONS": str(updated.preemptions),
-                     "TIDE_LAST_CHECKPOINT_AT": str(updated.last_checkpoint_at or "")},
-                gpus=assignments[p.pod_index],
-                share_sm_percent=share.sm_percent if share else None,
-                share_memory_mib=p.alloc.gpu_mem_mib[0] if share and p.alloc.gpu_mem_mib else None,
-                cpu_milli=p.alloc.cpu_milli,
-                memory_mib=p.alloc.memory_mib,
-            ))
-            for p in placements
-        ])
-        bad = sorted({p.alloc.node_id for p, err in zip(placements, results, strict=True) if err})
-        if bad:
-            errors = "; ".join(f"{p.alloc.node_id}: {e}" for p, e in zip(placements, results, strict=True) if e)
-            await self._rollback(job_id, attempt, f"start failed on {errors}", bad_nodes=bad)
-            return True
-        if not await self.claims.commit(resv):
-            await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
-            return True
+        return Reserved(updated, placements, assignments, resv, attempt)
 
-        def committed(r: JobRecord) -> bool:
-            if r.reservation != resv:
-                return False
-            r.reservation, r.avoid_nodes = None, []
-            return True
+    async def _start(self, reserved: Reserved) -> None:
+        """Start a reserved gang's pods; commit once every agent acknowledged, else roll it back whole."""
+        updated, placements, resv, attempt = reserved.record, reserved.placements, reserved.resv, reserved.attempt
+        job_id = updated.job_id
+        with job_span(tracer, "placer.start", job_id, pods=len(placements)):
+            placed = publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at,
+                                       reason="placed")
+            tmpl = updated.spec.spec.template
+            share = tmpl.resources.gpu_share
+            starts = [
+                self._send(p.alloc.node_id, StartPod(
+                    event_id=f"{resv}.{p.pod_index}.start",
+                    job_id=job_id,
+                    pod=agent_pod_id(updated.pods[p.pod_index].name, attempt),
+                    pod_index=p.pod_index,
+                    world_size=len(placements),
+                    command=tmpl.command,
+                    image=tmpl.image,
+                    env={**tmpl.env, "TIDE_PREEMPTIONS": str(updated.preemptions),
+                         "TIDE_LAST_CHECKPOINT_AT": str(updated.last_checkpoint_at or "")},
+                    gpus=reserved.assignments[p.pod_index],
+                    share_sm_percent=share.sm_percent if share else None,
+                    share_memory_mib=p.alloc.gpu_mem_mib[0] if share and p.alloc.gpu_mem_mib else None,
+                    cpu_milli=p.alloc.cpu_milli,
+                    memory_mib=p.alloc.memory_mib,
+                ))
+                for p in placements
+            ]
+            if self.settings.fault_pause_after_reserve_s:
+                await placed
+                await asyncio.sleep(self.settings.fault_pause_after_reserve_s)
+                results = await asyncio.gather(*starts)
+            else:  # the placed event is queued on the connection before the start commands: it stays first
+                _, *results = await asyncio.gather(placed, *starts)
+            bad = sorted({p.alloc.node_id for p, err in zip(placements, results, strict=True) if err})
+            if bad:
+                errors = "; ".join(f"{p.alloc.node_id}: {e}" for p, e in zip(placements, results, strict=True) if e)
+                await self._rollback(job_id, attempt, f"start failed on {errors}", bad_nodes=bad)
+                return
+            if not await self.claims.commit(resv):
+                await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
+                return
 
-        await self._update(job_id, committed)
-        log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements))
-        return True
+            def committed(r: JobRecord) -> bool:
+                if r.reservation != resv:
+                    return False
+                r.reservation, r.avoid_nodes = None, []
+                return True
+
+            await self._update(job_id, committed)
+            log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements))
 
     async def _send(self, node_id: str, command: StartPod | StopPod) -> str:
         """Send a command to a node agent; returns '' on acknowledgement, else the error."""
@@ -507,8 +544,9 @@ class PlacerService:
         """A node whose heartbeats stopped is lost: its pods' jobs are requeued whole."""
         now = time.time()
         window = self.settings.node_lost_after_s
-        if now - self.started_at < window:
+        if now - self.started_at < window or now - self._lost_checked_at < LOST_CHECK_EVERY_S:
             return
+        self._lost_checked_at = now
         for node_id in await self.redis.smembers(keys.NODES):
             seen = self.last_seen.setdefault(node_id, self.started_at)
             if now - seen < window or await self.redis.sismember(keys.LOST_NODES, node_id):

@@ -2,9 +2,9 @@
 
 Redis stays the authority. Each cycle the view diffs the claim index against what it has applied
 (new claims are allocated, gone ones released) instead of rebuilding everything, and it rebuilds from
-scratch every ``resync_s``, when the node set changes, or when told it is stale (a reservation it
-thought would fit was refused by Redis). A stale view can only cost a refused reservation, never a
-double allocation: the claim script checks every slot.
+scratch every ``resync_s``, when a node (re-)registers (``keys.NODES_VERSION``), or when told it is
+stale (a reservation it thought would fit was refused by Redis). A stale view can only cost a refused
+reservation, never a double allocation: the claim script checks every slot.
 
 It also keeps the job records it plans with (pending jobs and jobs holding claims), as the JSON last
 read or written with the parsed record, so that a backlog of pending jobs is not read and parsed again
@@ -49,6 +49,7 @@ class ClusterView:
         self.allocs: dict[str, Allocation] = {}  # claim key -> allocation applied to ``cluster``
         self.known: dict[str, Known] = {}  # job id -> its record as last read or written
         self._node_raw: dict[str, tuple[str, NodeDescription]] = {}
+        self._nodes_version: str | None = None  # keys.NODES_VERSION when the nodes were last read
         self._built = 0.0
         self._stale = True
 
@@ -89,10 +90,14 @@ class ClusterView:
 
     # ------------------------------------------------------------ the cluster
     async def refresh(self, pending_ids: list[str]) -> tuple[list[NodeDescription], Cluster, Running]:
-        node_ids = set(await self.redis.smembers(keys.NODES))
-        claim_keys = set(await self.redis.smembers(keys.CLAIMS_INDEX))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(keys.NODES_VERSION)
+            pipe.smembers(keys.CLAIMS_INDEX)
+            version, members = await pipe.execute()
+        claim_keys = set(members)
         fresh = time.monotonic() - self._built < self.resync_s
-        if self._stale or not fresh or node_ids != set(self.by_id):
+        if self._stale or not fresh or version != self._nodes_version:
+            self._nodes_version = version
             await self._rebuild(claim_keys)
         else:
             await self._apply_diff(claim_keys)

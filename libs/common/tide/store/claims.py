@@ -79,6 +79,7 @@ class ClaimStore:
             pipe.hset(cap_key, mapping=capacity_fields(node))
             pipe.set(keys.node(node.node_id), node.model_dump_json())
             pipe.sadd(keys.NODES, node.node_id)
+            pipe.incr(keys.NODES_VERSION)
             await pipe.execute()
 
     async def claim(self, claims: list[PodClaim], reservation: str = "", ttl_ms: int = 0) -> tuple[bool, str]:

@@ -8,6 +8,7 @@ JOBS_INDEX = f"{PREFIX}:jobs"  # zset job_id -> submitted_at
 PENDING = f"{PREFIX}:pending"  # zset job_id -> admission order score
 CANCELLING = f"{PREFIX}:cancelling"  # set of job ids whose pods must be stopped
 NODES = f"{PREFIX}:nodes"  # set of node ids
+NODES_VERSION = f"{PREFIX}:nodes:version"  # counter bumped on every (re-)registration
 LOST_NODES = f"{PREFIX}:nodes:lost"  # set of node ids whose heartbeats stopped (until they re-register)
 CLAIMS_INDEX = f"{PREFIX}:claims"  # set of claim keys currently held
 RESERVATIONS = f"{PREFIX}:reservations"  # zset reservation id -> expiry (ms, Redis clock)
