@@ -45,3 +45,29 @@ def test_share_goes_where_it_completes_a_gpu_not_into_a_slot_kept_for_a_470(monk
     assert run(pack_weight=0).gpu_indices == (0,)
     # ... the share-waste term opens a GPU (680 left, which a 650 completes) and keeps 530 for a 470
     assert run().gpu_indices != (0,)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_unrestricted_whole_pod_leaves_the_model_that_restricted_pods_need(monkeypatch, cache):
+    """Few V100-only pods: FGD's signal for them is rounded away and node order would pick the V100."""
+    reqs = [PodRequest(cpu_milli=8000, gpu_count=1)] * 40 + [
+        PodRequest(cpu_milli=8000, gpu_count=1, gpu_models=("V100M32",))] * 2
+    typical = TypicalPods.from_requests(reqs, coverage=1.0)
+
+    def run(**kw) -> str:
+        monkeypatch.setitem(placer_module.PLUGINS, "tide_frag", lambda: TideFragScore(**kw))
+        c = Cluster.from_descriptions([gpu_node("v100", "V100M32", 4, cpu=96000, mem=393216)] + [
+            gpu_node(f"t4-{i}", "T4", 4, cpu=96000, mem=393216) for i in range(3)])
+        res = Placer("tide", workload=typical, cache=cache).place(c, PodRequest(cpu_milli=8000, gpu_count=1))
+        assert isinstance(res, Allocation), res
+        return res.node_id
+
+    assert run(model_weight=0) == "v100"
+    assert run() == "t4-0"
+    # a V100-only pod still goes to the V100
+    monkeypatch.setitem(placer_module.PLUGINS, "tide_frag", TideFragScore)
+    c = Cluster.from_descriptions([gpu_node("v100", "V100M32", 4, cpu=96000, mem=393216),
+                                   gpu_node("t4", "T4", 4, cpu=96000, mem=393216)])
+    res = Placer("tide", workload=typical, cache=cache).place(
+        c, PodRequest(cpu_milli=8000, gpu_count=1, gpu_models=("V100M32",)))
+    assert isinstance(res, Allocation) and res.node_id == "v100"

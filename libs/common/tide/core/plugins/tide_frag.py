@@ -1,8 +1,8 @@
 """Tide's fragmentation score: FGD refined, aware that GPUs need CPU and of how shares pack a GPU.
 
 Score = -(FGD's fragmentation increase + ``strand_weight`` x stranded-GPU increase + ``pack_weight`` x
-share-waste increase), in milli-GPU, rounded to ``quantum`` (100 milli-GPU) so that near-ties fall to
-node order (first-fit packing):
+share-waste increase + ``model_weight`` x model pressure), in milli-GPU, rounded to ``quantum`` (100
+milli-GPU) so that near-ties fall to node order (first-fit packing):
 
 - share waste (shares only; the dominant term at ``pack_weight`` 100, so FGD and the stranded term
   order the candidates that waste alike): for the GPU a share takes, the increase of
@@ -13,8 +13,7 @@ node order (first-fit packing):
   into bad pairs (470 + 320 leaving 210), where this term keeps the 530 slot for a 470/460 and opens
   a GPU that a 650 can complete. Replaying only the shares that arrive before 96% (default, seed 42),
   it packs them into 1,875 GPUs where online best fit needs 1,896 (offline first-fit decreasing:
-  1,878). It knows nothing of GPU models: on gpuspec20 it costs 0.15 point against the policy
-  without it (shares take GPUs that model-restricted pods need);
+  1,878). It knows nothing of GPU models (the model term below handles them);
 - the fragmentation increase is used at full resolution (the reference FGD truncates a sigmoid of
   it to an integer 0..100, so placements whose deltas differ by tens of milli-GPU tie);
 - stranded GPU: the idle milli-GPU of a node that its free CPU cannot feed at the CPU per milli-GPU
@@ -23,6 +22,13 @@ node order (first-fit packing):
   fifth of it CPU-only pods): without this term most pods that fail near saturation find a GPU with
   room on nodes without the CPU for it. With it, CPU-only and CPU-heavy pods go where CPU is
   surplus to the GPUs' needs;
+- model reservation (whole-GPU pods only, ``model_weight`` 0.5): ``milli x pressure[model]``, where a
+  model's pressure is the share of the typical GPU demand restricted to a few models that falls on it
+  (apportioned by capacity) over its share of the capacity. FGD sees a restricted model's GPUs taken
+  only through the typical restricted pods' small weight, which the rounding erases, so unrestricted
+  whole pods filled V100/G3 GPUs that V100/G3-only pods then lacked while G2/T4 GPUs ended idle
+  (gpuspec20: 95.37 -> 96.09 with the term; it costs gpuspec25 0.38 and gpuspec10 0.04, see
+  docs/benchmarks.md). Shares are left to the share-waste term (the pressure on shares too: worse);
 - ``capacity_weight`` blends in the repeated-pod CPU-aware fragmentation (``CapacityFragModel``) and
   ``fit_weight`` a best-fit term; both are off by default (the stranded term does better; see
   docs/benchmarks.md).
@@ -44,8 +50,10 @@ class TideFragScore:
     def __init__(
         self, fgd_weight: float = 1.0, capacity_weight: float = 0.0, fit_weight: float = 0.0, quantum: float = 100.0,
         open_penalty: float = 0.0, strand_weight: float = 2.0, strand_scale: float = 1.0,
-        model_weight: float = 0.0, pack_weight: float = 100.0, pack_coverage: float = 0.9,
+        model_weight: float = 0.5, pack_weight: float = 100.0, pack_coverage: float = 0.9,
+        model_kind: str = "whole",
     ):
+        self.model_kind = model_kind  # "" : the model term scores every GPU pod, else only this kind
         self.fgd_weight = fgd_weight
         self.strand_weight = strand_weight
         self.strand_scale = strand_scale
@@ -69,7 +77,8 @@ class TideFragScore:
             out -= self.capacity_weight * ctx.frag_delta(capacity=True) / 10.0
         if self.strand_weight and ctx.frag is not None and ctx.frag.cpu_per_milli > 0:
             out -= self.strand_weight * stranded_delta(ctx, self.strand_scale * ctx.frag.cpu_per_milli) / 10.0
-        if self.model_weight and ctx.frag is not None and ctx.request.total_gpu_milli:
+        if self.model_weight and ctx.frag is not None and ctx.request.total_gpu_milli and (
+                not self.model_kind or ctx.request.kind == self.model_kind):
             pressure = self.model_pressure(ctx)
             if pressure.any():
                 out -= self.model_weight * ctx.request.total_gpu_milli * pressure[
