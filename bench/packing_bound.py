@@ -1,6 +1,6 @@
 """Upper bound on allocated_pct_at_100 for ANY placement policy, online or offline, per openb trace and seed.
 
-    pip install scipy   # the LP solver (HiGHS); only this script needs it
+    scipy (the LP solver, HiGHS) comes with the dev extras: make setup installs it
     python bench/packing_bound.py --traces default,gpuspec20 --seeds 42-51 --out /tmp/bound.json
 
 The simulator's contract (``tide.sim.simulator.simulate``): the seeded workload arrives pod by pod,
@@ -57,7 +57,7 @@ try:
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 except ImportError:  # pragma: no cover
-    sys.exit("bench/packing_bound.py needs scipy (pip install scipy)")
+    sys.exit("bench/packing_bound.py needs scipy: run make setup (it comes with the dev extras)")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_sweep import TRACE_DIR, TRACES, seeds_arg  # noqa: E402
