@@ -238,15 +238,18 @@ class FeedbackLoop:
         log.info("feedback_resubmitted", job_id=record.job_id, new_job_id=new_id, family=w.family, evidence=why)
         self.on_resubmit(w.family)
 
-    async def job_succeeded(self, job_id: str, usage: JobUsage | None) -> None:
-        record = await self.record(job_id)
-        if record is None:
-            return
-        family = family_of(record.spec)
+    async def job_succeeded(self, job_id: str, usage: JobUsage | None, spec: JobSpec | None = None) -> None:
+        """A clean run decays its family's multiplier; ``spec`` (when the caller has it) saves a record read."""
+        if spec is None:
+            record = await self.record(job_id)
+            if record is None:
+                return
+            spec = record.spec
+        family = family_of(spec)
         if not await self.redis.hexists(keys.WEIGHTS, family):
             return
-        share = share_memory_mib(record.spec)
-        original = int(round(share / applied_multiplier(record.spec))) if share else None
+        share = share_memory_mib(spec)
+        original = int(round(share / applied_multiplier(spec))) if share else None
         await self._change(family, job_id, "clean", lambda cur: after_clean_run(
             cur, job_id=job_id, request_mib=original, peak_bytes=usage.peak_bytes if usage else None,
             policy=self.policy))

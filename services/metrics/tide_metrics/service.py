@@ -82,6 +82,8 @@ class MetricsService:
         self.gpus: dict[tuple[str, int], tuple[float, GpuSample]] = {}
         self.snapshot = Snapshot()
         self.jobs: dict[str, JobInfo] = {}
+        self.node_parsed: dict[str, tuple[str, NodeDescription]] = {}  # node id -> (raw JSON, parsed)
+        self.weights_changed = False  # the feedback loop changed a family's weights since they were read
         self.usage: dict[str, JobUsage] = {}
         self.timelines: dict[str, Timeline] = {}
         self.known_queues: set[tuple[str, str]] = set()
@@ -108,11 +110,15 @@ class MetricsService:
         await ensure_streams(self.js)
         self.feedback = FeedbackLoop(
             self.settings, self.redis, self.nc, self.js,
-            on_change=lambda w, kind: self.adjustments.add(1, {"family": w.family, "kind": kind}),
+            on_change=self._weights_changed,
             on_resubmit=lambda family: self.resubmissions.add(1, {"family": family}),
         )
         self._api = await self.nc.subscribe(subjects.API_WEIGHTS, cb=self._on_api_weights)
         await self._poll()
+
+    def _weights_changed(self, weights: FamilyWeights, kind: str) -> None:
+        self.adjustments.add(1, {"family": weights.family, "kind": kind})
+        self.weights_changed = True
 
     def _instruments(self, meter: Any) -> None:
         self.job_events = meter.create_counter("tide_job_events", unit="1", description="job lifecycle events")
@@ -267,6 +273,23 @@ class MetricsService:
             info = self._remember(job_id, spec)
         return info
 
+    async def job_infos(self, job_ids: list[str]) -> dict[str, JobInfo]:
+        """``job_info`` for many jobs: the ones not cached are read in one MGET."""
+        missing = [j for j in dict.fromkeys(job_ids) if j not in self.jobs]
+        for start in range(0, len(missing), 1000):
+            chunk = missing[start:start + 1000]
+            for job_id, raw in zip(chunk, await self.redis.mget([keys.job(j) for j in chunk]), strict=True):
+                if raw:
+                    self._remember(job_id, JobRecord.model_validate_json(raw).spec)
+        return {j: info for j in job_ids if (info := self.jobs.get(j)) is not None}
+
+    def _node(self, node_id: str, raw: str) -> NodeDescription:
+        """The parsed node description, parsed again only when its JSON changed."""
+        known = self.node_parsed.get(node_id)
+        if known is None or known[0] != raw:
+            known = self.node_parsed[node_id] = (raw, NodeDescription.model_validate_json(raw))
+        return known[1]
+
     def _remember(self, job_id: str, spec: JobSpec) -> JobInfo:
         if len(self.jobs) >= JOB_CACHE:
             for old in list(self.jobs)[: JOB_CACHE // 10]:
@@ -303,16 +326,19 @@ class MetricsService:
             raw, cap, used = out[3 * i: 3 * i + 3]
             if not raw:
                 continue
-            nodes[n] = NodeDescription.model_validate_json(raw)
+            nodes[n] = self._node(n, raw)
             free[n] = state.free_gpus(nodes[n], cap, used)
         claims = [(k, json.loads(a)) for k, a in zip(claim_keys, out[3 * len(node_ids):-1], strict=True) if a]
+        for gone in self.node_parsed.keys() - nodes.keys():
+            del self.node_parsed[gone]
         weights = {f: FamilyWeights.model_validate_json(w) for f, w in out[-1].items()}
-        specs = [info.spec for job_id in pending_ids if (info := await self.job_info(job_id)) is not None]
+        claim_jobs = [key.removeprefix(f"{keys.PREFIX}:claim:").rsplit(":", 1)[0] for key, _ in claims]
+        infos = await self.job_infos([*pending_ids, *claim_jobs])
+        specs = [infos[job_id].spec for job_id in pending_ids if job_id in infos]
         queue_used: dict[str, float] = {}
         held: list[tuple[str, str | None, float]] = []
-        for key, alloc in claims:
-            job_id = key.removeprefix(f"{keys.PREFIX}:claim:").rsplit(":", 1)[0]
-            info = await self.job_info(job_id)
+        for job_id, (_key, alloc) in zip(claim_jobs, claims, strict=True):
+            info = infos.get(job_id)
             node = nodes.get(alloc.get("node_id", ""))
             if info is None or node is None:
                 continue
@@ -388,14 +414,16 @@ class MetricsService:
             if event.kind == "failed" and "OOM" in event.reason:
                 await self.feedback.job_failed_oom(event.job_id, usage)
             elif event.kind == "succeeded":
-                await self.feedback.job_succeeded(event.job_id, usage)
+                await self.feedback.job_succeeded(event.job_id, usage, info.spec if info else None)
             if event.kind in ("succeeded", "failed") and usage is not None:
                 await self.feedback.job_traffic(event.job_id, usage)
         emit(self.tracer, timeline, event.kind, event.ts,
              {"family": info.family if info else "", "reason": event.reason})
         self.timelines.pop(event.job_id, None)
         self.usage.pop(event.job_id, None)
-        self.snapshot.weights = await self.feedback.weights()
+        if self.weights_changed:  # the poll reads them anyway; this only makes a change visible at once
+            self.weights_changed = False
+            self.snapshot.weights = await self.feedback.weights()
 
     async def _on_api_weights(self, msg: Msg) -> None:
         try:

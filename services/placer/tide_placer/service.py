@@ -82,7 +82,6 @@ class Reserved:
     assignments: dict[int, list[GpuAssignment]]
     resv: str
     attempt: int
-    taken: bool = True  # False: the job changed meanwhile and the slots were handed back
 
 
 class PlacerService:
@@ -229,11 +228,8 @@ class PlacerService:
                 with job_span(tracer, "placer.reserve", b.record.job_id, pods=len(b.placements)):
                     reserved = await self._reserve(b.record, b.placements, self.view.by_id)
             if reserved is None:
-                self.view.invalidate()  # Redis refused what the view thought was free
                 return
-            if not reserved.taken:
-                return
-            task = asyncio.get_running_loop().create_task(self._start(reserved))
+            task = asyncio.get_running_loop().create_task(self._start_or_roll_back(reserved))
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
 
@@ -315,7 +311,8 @@ class PlacerService:
                        by_id: dict[str, NodeDescription]) -> Reserved | None:
         """Reserve every pod's slots in one atomic step (with a TTL) and record the attempt.
 
-        Returns None when Redis refused (the cluster view was stale) or the job changed meanwhile."""
+        Returns None when Redis refused (the cluster view was stale: it is invalidated) or the job changed
+        meanwhile (cancelled, or another placer got there first; the slots are handed back)."""
         job_id = record.job_id
         attempt = record.attempts + 1
         resv = f"{job_id}:{attempt}"
@@ -334,6 +331,7 @@ class PlacerService:
         ok, why = await self.claims.reserve(claims, resv, ttl_ms)
         if not ok:
             log.info("reserve_lost", job_id=job_id, reason=why)
+            self.view.invalidate()  # Redis refused what the view thought was free
             return None
 
         def assign(r: JobRecord) -> bool:
@@ -351,9 +349,21 @@ class PlacerService:
         updated = await self._update(job_id, assign, dequeue=True)
         if updated is None:  # cancelled, or another placer got there first: not a stale view
             await self.claims.release([c.key for c in claims], resv)
-            return Reserved(record, placements, assignments, resv, attempt, taken=False)
+            return None
         log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}))
         return Reserved(updated, placements, assignments, resv, attempt)
+
+    async def _start_or_roll_back(self, reserved: Reserved) -> None:
+        """A background start that fails outright (Redis or NATS away) undoes its attempt, logged."""
+        try:
+            await self._start(reserved)
+        except Exception as exc:
+            job_id = reserved.record.job_id
+            log.exception("start_failed", job_id=job_id, reservation=reserved.resv, error=repr(exc))
+            try:
+                await self._rollback(job_id, reserved.attempt, f"start failed: {exc!r}")
+            except Exception:  # still away: the reservation lapses and the lapse sweep requeues the job
+                log.exception("rollback_failed", job_id=job_id, reservation=reserved.resv)
 
     async def _start(self, reserved: Reserved) -> None:
         """Start a reserved gang's pods; commit once every agent acknowledged, else roll it back whole."""

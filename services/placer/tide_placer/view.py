@@ -107,12 +107,8 @@ class ClusterView:
 
     async def _read_nodes(self) -> list[NodeDescription]:
         """Every registered node; a description is parsed again only when its stored JSON changed."""
-        ids = sorted(await self.redis.smembers(keys.NODES))
-        raws = await self.redis.mget([keys.node(i) for i in ids]) if ids else []
         out, parsed = [], {}
-        for node_id, raw in zip(ids, raws, strict=True):
-            if not raw:
-                continue
+        for node_id, raw in (await self.claims.node_raws()).items():
             cached = self._node_raw.get(node_id)
             node = cached[1] if cached is not None and cached[0] == raw else NodeDescription.model_validate_json(raw)
             parsed[node_id] = (raw, node)

@@ -122,12 +122,14 @@ class ClaimStore:
         """Release lapsed reservations; returns every reservation id that lapsed since the last call."""
         return [str(r) for r in await self._expire(args=[json.dumps({"keys": SCRIPT_KEYS})])]
 
-    async def nodes(self) -> list[NodeDescription]:
+    async def node_raws(self) -> dict[str, str]:
+        """node id -> its stored description JSON, for every registered node, in node id order."""
         ids = sorted(await self.redis.smembers(keys.NODES))
-        if not ids:
-            return []
-        raws = await self.redis.mget([keys.node(i) for i in ids])
-        return [NodeDescription.model_validate_json(r) for r in raws if r]
+        raws = await self.redis.mget([keys.node(i) for i in ids]) if ids else []
+        return {node_id: raw for node_id, raw in zip(ids, raws, strict=True) if raw}
+
+    async def nodes(self) -> list[NodeDescription]:
+        return [NodeDescription.model_validate_json(raw) for raw in (await self.node_raws()).values()]
 
     async def used(self, node_id: str) -> dict[str, int]:
         return {k: int(v) for k, v in (await self.redis.hgetall(keys.used(node_id))).items()}
