@@ -9,15 +9,23 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
 
-def configure_tracing(service: str, otlp_endpoint: str | None) -> trace.Tracer:
-    provider = TracerProvider(resource=Resource.create({"service.name": f"tide-{service}"}))
+def tracer_provider(service: str, otlp_endpoint: str | None) -> TracerProvider:
+    """Spans exported over OTLP when an endpoint is configured; without one they are not recorded at all
+    (a recorded span that nobody exports costs CPU on every job; the logs still carry every job id)."""
+    provider = TracerProvider(resource=Resource.create({"service.name": f"tide-{service}"}),
+                              sampler=ALWAYS_ON if otlp_endpoint else ALWAYS_OFF)
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
-    trace.set_tracer_provider(provider)
+    return provider
+
+
+def configure_tracing(service: str, otlp_endpoint: str | None) -> trace.Tracer:
+    trace.set_tracer_provider(tracer_provider(service, otlp_endpoint))
     return trace.get_tracer(f"tide.{service}")
 
 
