@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ from tide.schemas.events import (
 from tide.schemas.node import NodeDescription, default_h100_node
 from tide.stack.auth import node_user
 from tide.stack.launcher import Stack, StackInfo
+
+HEARTBEAT_S = 2.0  # the agents' default (TIDE_HEARTBEAT_S)
 
 
 class SimAgent:
@@ -161,12 +164,16 @@ async def main_async(args: argparse.Namespace) -> dict:
                 await asyncio.gather(*[a.start() for a in agents[i:i + 50]])
             stop = asyncio.Event()
 
-            async def beats() -> None:
+            async def beats(agent: SimAgent, phase: float) -> None:
+                # Each agent on its own 2 s timer, as real agents started at different times are: all 1,000
+                # heartbeats at one instant would be a burst that no real cluster sends.
+                await asyncio.sleep(phase)
                 while not stop.is_set():
-                    await asyncio.gather(*[a.heartbeat() for a in agents])
-                    await asyncio.sleep(2)
+                    await agent.heartbeat()
+                    await asyncio.sleep(HEARTBEAT_S)
 
-            beating = asyncio.create_task(beats())
+            phases = random.Random(0)
+            beating = asyncio.gather(*[beats(a, phases.uniform(0, HEARTBEAT_S)) for a in agents])
             admin = await nats.connect(info.nats_url, user="admin", password=info.passwords["admin"])
             while len(json.loads((await admin.request(subjects.API_NODES, b"{}", timeout=10)).data)["nodes"]) \
                     < len(nodes):
