@@ -47,6 +47,7 @@ WAIT_BUCKETS_S = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3
 LATENCY_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
 SAMPLE_STALE_S = 60.0
 JOB_CACHE = 20_000
+NODES_RESYNC_S = 60.0  # node descriptions are read again at least this often
 
 
 @dataclass
@@ -67,6 +68,14 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Inventory:
+    version: str | None  # keys.NODES_VERSION when read
+    read_at: float  # monotonic
+    nodes: dict[str, NodeDescription]
+    capacity: dict[str, dict[str, str]]  # node id -> its capacity hash
+
+
+@dataclass(frozen=True)
 class JobInfo:
     spec: JobSpec
     family: str
@@ -82,7 +91,7 @@ class MetricsService:
         self.gpus: dict[tuple[str, int], tuple[float, GpuSample]] = {}
         self.snapshot = Snapshot()
         self.jobs: dict[str, JobInfo] = {}
-        self.node_parsed: dict[str, tuple[str, NodeDescription]] = {}  # node id -> (raw JSON, parsed)
+        self.inventory: Inventory | None = None  # the nodes as last read
         self.weights_changed = False  # the feedback loop changed a family's weights since they were read
         self.usage: dict[str, JobUsage] = {}
         self.timelines: dict[str, Timeline] = {}
@@ -283,12 +292,28 @@ class MetricsService:
                     self._remember(job_id, JobRecord.model_validate_json(raw).spec)
         return {j: info for j in job_ids if (info := self.jobs.get(j)) is not None}
 
-    def _node(self, node_id: str, raw: str) -> NodeDescription:
-        """The parsed node description, parsed again only when its JSON changed."""
-        known = self.node_parsed.get(node_id)
-        if known is None or known[0] != raw:
-            known = self.node_parsed[node_id] = (raw, NodeDescription.model_validate_json(raw))
-        return known[1]
+    async def _inventory(self) -> Inventory:
+        """Node descriptions and capacities: read again only after a (re-)registration bumps the nodes
+        version, or every ``NODES_RESYNC_S``; between those only the nodes' used slots change."""
+        r = self.redis
+        version = await r.get(keys.NODES_VERSION)
+        inv = self.inventory
+        if inv is not None and inv.version == version and time.monotonic() - inv.read_at < NODES_RESYNC_S:
+            return inv
+        node_ids = sorted(await r.smembers(keys.NODES))
+        async with r.pipeline(transaction=False) as pipe:
+            for n in node_ids:
+                pipe.get(keys.node(n))
+                pipe.hgetall(keys.capacity(n))
+            out = await pipe.execute()
+        nodes: dict[str, NodeDescription] = {}
+        capacity: dict[str, dict[str, str]] = {}
+        for i, n in enumerate(node_ids):
+            raw, cap = out[2 * i: 2 * i + 2]
+            if raw:
+                nodes[n], capacity[n] = NodeDescription.model_validate_json(raw), cap
+        self.inventory = Inventory(version, time.monotonic(), nodes, capacity)
+        return self.inventory
 
     def _remember(self, job_id: str, spec: JobSpec) -> JobInfo:
         if len(self.jobs) >= JOB_CACHE:
@@ -308,29 +333,20 @@ class MetricsService:
 
     async def _poll(self) -> None:
         r = self.redis
-        node_ids = sorted(await r.smembers(keys.NODES))
+        inventory = await self._inventory()
+        nodes = inventory.nodes
         claim_keys = sorted(await r.smembers(keys.CLAIMS_INDEX))
         pending_ids = await r.zrange(keys.PENDING, 0, -1)
         async with r.pipeline(transaction=False) as pipe:
-            for n in node_ids:
-                pipe.get(keys.node(n))
-                pipe.hgetall(keys.capacity(n))
+            for n in nodes:
                 pipe.hgetall(keys.used(n))
             for k in claim_keys:
                 pipe.hget(k, "alloc")
             pipe.hgetall(keys.WEIGHTS)
             out = await pipe.execute()
-        nodes: dict[str, NodeDescription] = {}
-        free: dict[str, list[state.FreeGpu]] = {}
-        for i, n in enumerate(node_ids):
-            raw, cap, used = out[3 * i: 3 * i + 3]
-            if not raw:
-                continue
-            nodes[n] = self._node(n, raw)
-            free[n] = state.free_gpus(nodes[n], cap, used)
-        claims = [(k, json.loads(a)) for k, a in zip(claim_keys, out[3 * len(node_ids):-1], strict=True) if a]
-        for gone in self.node_parsed.keys() - nodes.keys():
-            del self.node_parsed[gone]
+        free = {n: state.free_gpus(node, inventory.capacity[n], used)
+                for (n, node), used in zip(nodes.items(), out[:len(nodes)], strict=True)}
+        claims = [(k, json.loads(a)) for k, a in zip(claim_keys, out[len(nodes):-1], strict=True) if a]
         weights = {f: FamilyWeights.model_validate_json(w) for f, w in out[-1].items()}
         claim_jobs = [key.removeprefix(f"{keys.PREFIX}:claim:").rsplit(":", 1)[0] for key, _ in claims]
         infos = await self.job_infos([*pending_ids, *claim_jobs])
