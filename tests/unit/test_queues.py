@@ -161,3 +161,18 @@ def test_a_big_victim_is_swapped_for_a_smaller_one_that_suffices_but_never_for_a
     assert [v.job_id for v in victims] == ["small"]
     victims = select_victims(running, lambda vs: sum(v.gpus for v in vs) >= 2)
     assert [v.job_id for v in victims] == ["small"]  # not the higher-priority 2-GPU job
+
+
+def test_intake_order_key_keeps_one_jobs_messages_together() -> None:
+    from nats.aio.msg import Msg
+    from tide_queue.service import intake_order_key
+
+    def msg(data: bytes, headers: dict[str, str] | None = None) -> Msg:
+        return Msg(_client=None, subject="tide.jobs.submit", data=data, headers=headers)
+
+    submit = msg(b'{"job_id": "ignored-when-the-header-names-it"}', {"Tide-Job-Id": "a"})
+    cancel = msg(b'{"job_id": "a", "reason": "user"}')
+    assert intake_order_key(submit) == intake_order_key(cancel) == "a"
+    assert intake_order_key(msg(b'{"job_id": "b"}')) == "b"
+    # no job id anywhere: all such messages share one key, so they are handled one at a time
+    assert intake_order_key(msg(b"not json")) == intake_order_key(msg(b"[1, 2]")) == intake_order_key(msg(b"{}")) == ""

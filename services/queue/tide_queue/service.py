@@ -58,7 +58,7 @@ class QueueService:
             await self.apply_queue_config(config)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop)
+        await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop, order_key=intake_order_key)
 
     async def close(self) -> None:
         await close_nats(self.nc)
@@ -215,3 +215,17 @@ def queue_row(weight: float = 1.0, guarantee: dict | None = None, limit: dict | 
     return {"weight": weight, "guarantee": guarantee or {}, "limit": limit or {}, "gpus_in_use": 0.0,
             **{s.value: 0 for s in JobState}}
 
+
+def intake_order_key(msg: Msg) -> str:
+    """Submissions and cancellations of one job are handled in order; different jobs concurrently.
+
+    The job id comes from the ``Tide-Job-Id`` header the clients set, else from the JSON body; a message
+    with neither goes with the others like it, one at a time."""
+    job_id = (msg.headers or {}).get("Tide-Job-Id")
+    if job_id:
+        return str(job_id)
+    try:
+        body = json.loads(msg.data)
+    except ValueError:
+        return ""
+    return str(body.get("job_id") or "") if isinstance(body, dict) else ""
