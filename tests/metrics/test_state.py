@@ -101,3 +101,15 @@ def test_pool_lending_from_claims() -> None:
     held = [("inference", "training", 2.0), ("inference", None, 1.0), ("training", "training", 4.0),
             ("inference", "inference", 1.0)]
     assert state.pool_lending(held) == {"inference": (2.0, 0.0), "training": (0.0, 2.0)}
+
+
+def test_event_order_key_is_the_job() -> None:
+    from nats.aio.msg import Msg
+    from tide import subjects
+    from tide_metrics.service import event_order_key
+
+    def key(job_id: str, kind: str) -> str:
+        return event_order_key(Msg(_client=None, subject=subjects.job_event(job_id, kind), data=b""))
+
+    assert key("train-1", "placed") == key("train-1", "succeeded")
+    assert key("train-1", "placed") != key("train-2", "placed")

@@ -258,7 +258,7 @@ class MetricsService:
     # ------------------------------------------------------------ run
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
-            consume(self.js, subjects.METRICS_EVENTS, self._on_event, stop),
+            consume(self.js, subjects.METRICS_EVENTS, self._on_event, stop, order_key=event_order_key),
             consume(self.js, subjects.METRICS_TELEMETRY, self._on_telemetry, stop),
             every(self.settings.metrics_poll_s, stop, self._poll),
         )
@@ -472,3 +472,10 @@ class MetricsService:
             cutoff = time.time() - 3600
             for job_id in [j for j, u in self.usage.items() if u.last_ts < cutoff]:
                 del self.usage[job_id]
+
+
+def event_order_key(msg: Msg) -> str:
+    """One job's events are handled in order (its timeline), different jobs' concurrently.
+
+    Subjects are ``tide.events.job.<job id>.<kind>``: the key is the subject without the kind."""
+    return msg.subject.rsplit(".", 1)[0]
