@@ -22,13 +22,16 @@ milli-GPU) so that near-ties fall to node order (first-fit packing):
   fifth of it CPU-only pods): without this term most pods that fail near saturation find a GPU with
   room on nodes without the CPU for it. With it, CPU-only and CPU-heavy pods go where CPU is
   surplus to the GPUs' needs;
-- model reservation (whole-GPU pods only, ``model_weight`` 0.5): ``milli x pressure[model]``, where a
+- model reservation (whole-GPU pods only, ``model_weight`` 1): ``milli x pressure[model]``, where a
   model's pressure is the share of the typical GPU demand restricted to a few models that falls on it
   (apportioned by capacity) over its share of the capacity. FGD sees a restricted model's GPUs taken
   only through the typical restricted pods' small weight, which the rounding erases, so unrestricted
-  whole pods filled V100/G3 GPUs that V100/G3-only pods then lacked while G2/T4 GPUs ended idle
-  (gpuspec20: 95.37 -> 96.09 with the term; it costs gpuspec25 0.38 and gpuspec10 0.04, see
-  docs/benchmarks.md). Shares are left to the share-waste term (the pressure on shares too: worse);
+  whole pods filled V100/G3 GPUs that V100/G3-only pods then lacked while G2/T4 GPUs ended idle.
+  At weight 0.5 an unrestricted single-GPU pod still took a G3 GPU (pressure 0.09) rather than break
+  an idle 8-GPU G2 node, G3-only pods failed from 40% arrived (gpuspec25, seed 49) and gpuspec25 lost
+  0.38 to the term (below FGD on seed 49); at weight 1 the gpuspec traces gain 0.02-1.62 over 0.5
+  (seeds 42-51; tuned on seeds 42-44 of gpuspec10/20/25, mean: 0.5/1/2 -> 95.51/96.11/96.09).
+  Shares are left to the share-waste term (the pressure on shares too: worse);
 - ``capacity_weight`` blends in the repeated-pod CPU-aware fragmentation (``CapacityFragModel``) and
   ``fit_weight`` a best-fit term; both are off by default (the stranded term does better; see
   docs/benchmarks.md).
@@ -50,7 +53,7 @@ class TideFragScore:
     def __init__(
         self, fgd_weight: float = 1.0, capacity_weight: float = 0.0, fit_weight: float = 0.0, quantum: float = 100.0,
         open_penalty: float = 0.0, strand_weight: float = 2.0, strand_scale: float = 1.0,
-        model_weight: float = 0.5, pack_weight: float = 100.0, pack_coverage: float = 0.9,
+        model_weight: float = 1.0, pack_weight: float = 100.0, pack_coverage: float = 0.9,
         model_kind: str = "whole",
     ):
         self.model_kind = model_kind  # "" : the model term scores every GPU pod, else only this kind
