@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
+from tide.core import placer as placer_module
 from tide.core.cluster import Cluster
 from tide.core.frag import TypicalPods
 from tide.core.model import MILLI, Allocation, PodRequest
 from tide.core.placer import Placer
+from tide.core.plugins.tide_frag import TideFragScore
 from tide.sim.openb import load_nodes, load_pods
 from tide.sim.simulator import inflate_workload
 
-TRACE_DIR = Path("/work/shared/traces/openb")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_sweep import TRACE_DIR  # noqa: E402
 
 
 def why_failed(cluster: Cluster, req: PodRequest) -> str:
@@ -54,7 +59,11 @@ def main() -> int:
     ap.add_argument("--trace", default="default")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--weights", default="", help="plugin=weight,... passed to the placer")
+    ap.add_argument("--tide", default="", help='JSON of TideFragScore arguments, e.g. \'{"model_weight": 0}\'')
     args = ap.parse_args()
+    if args.tide:
+        kw = json.loads(args.tide)
+        placer_module.PLUGINS["tide_frag"] = lambda: TideFragScore(**kw)
     weights = {k: float(v) for k, v in (p.split("=") for p in args.weights.split(",") if p)}
     nodes = load_nodes(TRACE_DIR / "openb_node_list_gpu_node.csv")
     requests = [p.request for p in load_pods(TRACE_DIR / f"openb_pod_list_{args.trace}.csv")]
