@@ -96,7 +96,6 @@ STREAMS: list[StreamDef] = [
 QUEUE_INTAKE = ConsumerDef("JOBS", "queue-intake", [JOB_SUBMIT, JOB_CANCEL])
 PLACER_NODE_STATUS = ConsumerDef("NODE", "placer-node-status", [NODE_STATUS_ALL])
 METRICS_EVENTS = ConsumerDef("EVENTS", "metrics-events", [EVENTS_ALL])
-METRICS_TELEMETRY = ConsumerDef("TELEMETRY", "metrics-telemetry", [TELEMETRY_ALL], ack_wait_s=10.0, max_deliver=2)
 
 # The feedback loop's weights per job family (request/reply, served by the metrics service)
 API_WEIGHTS = f"{PREFIX}.api.weights"
