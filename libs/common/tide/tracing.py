@@ -24,7 +24,12 @@ def tracer_provider(service: str, otlp_endpoint: str | None) -> TracerProvider:
     return provider
 
 
+_spans_wanted = True  # False once configure_tracing found no exporter: job_span then skips even the context
+
+
 def configure_tracing(service: str, otlp_endpoint: str | None) -> trace.Tracer:
+    global _spans_wanted
+    _spans_wanted = otlp_endpoint is not None
     trace.set_tracer_provider(tracer_provider(service, otlp_endpoint))
     return trace.get_tracer(f"tide.{service}")
 
@@ -32,6 +37,9 @@ def configure_tracing(service: str, otlp_endpoint: str | None) -> trace.Tracer:
 @contextmanager
 def job_span(tracer: trace.Tracer, name: str, job_id: str | None, **attrs: object) -> Iterator[trace.Span]:
     """A span carrying ``tide.job_id`` so a job's path can be followed across services."""
+    if not _spans_wanted:
+        yield trace.INVALID_SPAN
+        return
     with tracer.start_as_current_span(name) as span:
         if job_id:
             span.set_attribute("tide.job_id", job_id)
