@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import random
 from datetime import datetime
 
+import pytest
 from tide.core import Cluster, Placer
-from tide.core.cycle import CycleState, plan_cycle
+from tide.core import cycle as cycle_module
+from tide.core.cycle import CycleState, Plan, plan_cycle
+from tide.core.job_placement import place_job
 from tide.core.model import MILLI, Allocation
+from tide.core.queues import QueueTree
 from tide.core.tides import parse_tides
 from tide.schemas.events import JobRecord, JobState, PodRecord
 from tide.schemas.job import JobSpec
@@ -15,8 +20,9 @@ from tests.helpers import small_node
 
 
 def record(job_id: str, gpu: int, replicas: int = 1, runtime: float | None = None, priority: str = "offline-training",
-           pool: str | None = None, state: JobState = JobState.PENDING, t: float = 0.0) -> JobRecord:
-    spec = {"metadata": {"name": job_id, "priorityClass": priority},
+           pool: str | None = None, state: JobState = JobState.PENDING, t: float = 0.0,
+           queue: str = "default") -> JobRecord:
+    spec = {"metadata": {"name": job_id, "priorityClass": priority, "queue": queue},
             "spec": {"replicas": replicas, "template": {"command": ["x"], "resources": {"gpu": gpu}}}}
     if runtime is not None:
         spec["spec"]["runtimeSeconds"] = runtime
@@ -77,3 +83,100 @@ def test_tidal_return_is_planned_outside_the_window() -> None:
     dawn = plan_cycle(state(nodes, running, [], tides=tides, wall=datetime.fromisoformat("2026-12-03T06:55")),
                       Placer())
     assert [(p.job_id, p.by) for p in dawn.preemptions] == [("lent", "tide")]
+
+
+def test_a_failed_victim_search_does_not_stop_a_smaller_job_or_one_with_fewer_nodes_excluded() -> None:
+    # every node runs a serving pod, so an 8-GPU serving job finds no victims; the searches after it
+    # that ask for less (or exclude fewer nodes) must still be made, and succeed
+    nodes = [small_node("n0", gpus=8), small_node("n1", gpus=8)]
+    running = {
+        "s0": (record("s0", 1, priority="online-serving", state=JobState.RUNNING), [whole("n0", [0])]),
+        "s1": (record("s1", 1, priority="online-serving", state=JobState.RUNNING), [whole("n1", [0])]),
+        "t0": (record("t0", 7, state=JobState.RUNNING), [whole("n0", list(range(1, 8)))]),
+        "t1": (record("t1", 7, state=JobState.RUNNING), [whole("n1", list(range(1, 8)))]),
+    }
+    big = record("big", 8, priority="online-serving", t=1)
+    far = record("far", 4, priority="online-serving", t=2).model_copy(update={"avoid_nodes": ["n0", "n1"]})
+    near = record("near", 4, priority="online-serving", t=3).model_copy(update={"avoid_nodes": ["n1"]})
+    again = record("again", 4, priority="online-serving", t=4)
+    plan = plan_cycle(state(nodes, running, [big, far, near, again], min_runtime_s=0), Placer())
+    assert sorted((p.job_id, p.by) for p in plan.preemptions) == [("t0", "near"), ("t1", "again")]
+    assert set(plan.nominations) == {"near", "again"}
+    assert {r.job_id for r, _ in plan.not_placed} == {"big", "far"}
+
+
+def test_a_bind_in_between_lets_the_same_search_succeed() -> None:
+    # 'early' finds no victims (queue b is at its guarantee, nothing runs below its priority); 'fill' of
+    # queue b then binds on the inference node, so b borrows a GPU and 'late', the same search as 'early',
+    # may reclaim it: the failed search must not be reused after the bind
+    nodes = [small_node("t0", gpus=2, pool="training"), small_node("i0", gpus=1, pool="inference")]
+    tree = QueueTree.from_config({"queues": [{"name": "a", "weight": 0.5, "guarantee": {"gpu": 1}},
+                                             {"name": "b", "weight": 1, "guarantee": {"gpu": 2}}]})
+    running = {f"b{i}": (record(f"b{i}", 1, pool="training", queue="b", state=JobState.RUNNING), [whole("t0", [i])])
+               for i in range(2)}
+    early = record("early", 1, pool="training", queue="a", t=1)
+    fill = record("fill", 1, pool="inference", queue="b", t=2)
+    late = record("late", 1, pool="training", queue="a", t=3)
+    plan = plan_cycle(state(nodes, running, [early, fill, late], tree=tree, min_runtime_s=0), Placer())
+    assert [b.record.job_id for b in plan.binds] == ["fill"]
+    assert [(p.job_id, p.by) for p in plan.preemptions] == [("b0", "late")]
+    assert [r.job_id for r, _ in plan.not_placed] == ["early"]
+
+
+def _random_cycle(rng: random.Random) -> CycleState:
+    nodes = [small_node(f"n{i}", gpus=rng.choice([4, 8]), pool=rng.choice(["training", "inference"]))
+             for i in range(rng.randint(2, 5))]
+    tree = QueueTree.from_config({"queues": [{"name": "a", "weight": 2, "guarantee": {"gpu": 6}},
+                                             {"name": "b", "weight": 1, "guarantee": {"gpu": 2}}]})
+    priorities = ["best-effort", "offline-training", "online-serving"]
+
+    def spec(name: str, t: float) -> JobRecord:
+        res: dict = {"cpuMilli": rng.choice([500, 1000, 4000]), "memoryMiB": rng.choice([1024, 8192])}
+        if rng.random() < 0.3:
+            res["gpuShare"] = {"memoryMiB": rng.choice([10_000, 30_000]), "smPercent": rng.choice([25, 50])}
+        else:
+            res["gpu"] = rng.choice([1, 1, 2, 4, 8])
+        replicas = rng.choice([1, 1, 1, 2, 3])
+        body: dict = {"metadata": {"name": name, "priorityClass": rng.choice(priorities), "queue": rng.choice("ab")},
+                      "spec": {"replicas": replicas, "template": {"command": ["x"], "resources": res}}}
+        if rng.random() < 0.3:
+            body["spec"]["template"]["nodeSelector"] = {"pool": rng.choice(["training", "inference"])}
+        if replicas > 1 and rng.random() < 0.5:
+            body["spec"]["topology"] = {"prefer": "node"}
+        return JobRecord(job_id=name, spec=JobSpec.model_validate(body), submitted_at=t, updated_at=t,
+                         pods=[PodRecord(name=f"{name}-{i}", index=i) for i in range(replicas)],
+                         avoid_nodes=[n.node_id for n in nodes if rng.random() < 0.15])
+
+    cluster = Cluster.from_descriptions(nodes)
+    running: dict = {}
+    for i in range(rng.randint(3, 14)):
+        rec = spec(f"r{i}", -100.0 - i)
+        placed = place_job(Placer(), cluster, rec.spec, nodes)
+        if isinstance(placed, list):
+            for p in placed:
+                cluster.allocate(p.alloc)
+            rec.state, rec.started_at = JobState.RUNNING, rng.choice([-1000.0, 5.0])
+            running[rec.job_id] = (rec, [p.alloc for p in placed])
+    pending = [spec(f"p{i}", float(i)) for i in range(rng.randint(4, 16))]
+    return CycleState(nodes=nodes, cluster=cluster, pending=pending, running=running, tree=tree, now=10.0,
+                      min_runtime_s=60.0)
+
+
+def test_shortcuts_in_the_victim_search_change_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failed-search memo and bisection against the plain greedy search, on random crowded clusters."""
+
+    def decisions(plan: Plan) -> tuple:
+        return ([(b.record.job_id, [(p.pod_index, p.alloc) for p in b.placements]) for b in plan.binds],
+                plan.preemptions, plan.nominations, [(r.job_id, u) for r, u in plan.not_placed])
+
+    rng = random.Random(8)
+    preempting = 0
+    for _ in range(60):
+        cycle = _random_cycle(rng)
+        fast = plan_cycle(cycle, Placer())
+        with monkeypatch.context() as m:
+            m.setattr(cycle_module, "deterministic", lambda placer: False)
+            plain = plan_cycle(cycle, Placer())
+        assert decisions(fast) == decisions(plain)
+        preempting += bool(plain.preemptions)
+    assert preempting >= 10  # the scenarios do exercise the search

@@ -20,8 +20,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from tide.core.cluster import Cluster
-from tide.core.job_placement import PodPlacement, earmark, is_preemptible, job_demand, place_job, pod_request
-from tide.core.model import Allocation, Unfit
+from tide.core.job_placement import (
+    PodPlacement,
+    earmark,
+    is_preemptible,
+    job_demand,
+    place_job,
+    pod_request,
+    topology_levels,
+)
+from tide.core.model import Allocation, PodRequest, Unfit
 from tide.core.placer import Placer
 from tide.core.queues import (
     PendingJob,
@@ -36,6 +44,7 @@ from tide.core.queues import (
     within_limits,
 )
 from tide.core.tides import TideRule, TideState
+from tide.core.topology import Level
 from tide.schemas.events import JobRecord, JobState
 from tide.schemas.feedback import FamilyWeights, family_of
 from tide.schemas.job import PRIORITY_VALUES, PriorityClass
@@ -113,6 +122,8 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
     ], usage, capacity)
     earmarked: list[str] = []
     lend_pools = {rule.lend for rule in tide_states}
+    # the shortcuts skip what-ifs: only where a skipped placement cannot change the placer's state
+    failed = FailedSearches() if deterministic(placer) else None
     lowest = min((PRIORITY_VALUES[r.spec.metadata.priority_class] for r, _ in running.values()), default=None)
     for pending in order:
         record = records[pending.job_id]
@@ -128,7 +139,9 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
         result = place_job(placer, view, record.spec, state.nodes, exclude, feedback)
         if isinstance(result, Unfit):
             if result.resolvable and _may_preempt(state, record, lowest, usage, lend_pools) and _preempt_for(
-                    state, placer, plan, record, cluster, running, usage, exclude, tide_states, feedback):
+                    state, placer, plan, record, cluster, running, usage, exclude, tide_states, feedback, failed):
+                if failed is not None:
+                    failed.changed()  # victims planned: the running jobs and the usage changed
                 continue
             reason = result.reason
             if result.resolvable and not earmarked and record.spec.spec.gang_size > 1:
@@ -141,6 +154,8 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
             plan.not_placed.append((record, Unfit(reason, result.resolvable)))
             continue
         plan.binds.append(Bind(record, result, feedback))
+        if failed is not None:
+            failed.changed()
         for p in result:
             placer.observe(pod_request(record.spec))
             cluster.allocate(p.alloc)
@@ -175,6 +190,7 @@ def _preempt_for(
     exclude: set[str],
     tide_states: Mapping[TideRule, TideState],
     feedback: FamilyWeights | None,
+    failed: FailedSearches | None = None,
 ) -> bool:
     """Plan the cheapest whole set of victims that lets ``record`` fit; True when planned (or still waiting)."""
     now = state.now
@@ -183,6 +199,14 @@ def _preempt_for(
     tree = state.tree
     priority = PRIORITY_VALUES[record.spec.metadata.priority_class]
     queue = tree.resolve(record.spec.metadata.queue)
+    request = pod_request(record.spec, feedback, int(cluster.gpu_mem_cap.max()) if cluster.num_nodes else 0)
+    require, prefer = topology_levels(record.spec, feedback)
+    # feasibility only grows with the free capacity and shrinks with the request (see FailedSearches)
+    monotone = failed is not None and request.kind != "mig" and (require is None or require >= Level.NUMA)
+    search = (priority, queue, selector_pool(record), record.spec.spec.gang_size, require, prefer, monotone,
+              record.job_id if record.job_id in running else None)
+    if failed is not None and failed.covers(search, request, exclude):
+        return False
     reclaim = below_guarantee(tree.spec(queue), usage.get(queue, {}))
     borrowed: dict[str, float] = {}
     candidates: list[RunningJob] = []
@@ -212,6 +236,8 @@ def _preempt_for(
             or now - started >= state.min_runtime_s,
         ))
     if not candidates:
+        if failed is not None:
+            failed.add(search, request, exclude)
         return False
 
     def fits_without(victims: list[RunningJob]) -> bool:
@@ -223,8 +249,10 @@ def _preempt_for(
 
     only_reclaim = all(PRIORITY_VALUES[running[c.job_id][0].spec.metadata.priority_class] >= priority
                        for c in candidates)
-    victims = select_victims(candidates, fits_without, borrowed, protect_guarantee=only_reclaim)
+    victims = select_victims(candidates, fits_without, borrowed, protect_guarantee=only_reclaim, monotone=monotone)
     if not victims:
+        if failed is not None:
+            failed.add(search, request, exclude)
         return False
     why = "reclaiming its queue's guarantee" if only_reclaim else f"priority {record.spec.metadata.priority_class}"
     for v in victims:
@@ -234,6 +262,62 @@ def _preempt_for(
             usage[path] = add(usage.get(path, {}), job_demand(victim.spec), -1.0)
     plan.nominations[record.job_id] = f"preempting {', '.join(v.job_id for v in victims)} ({why})"
     return True
+
+
+def deterministic(placer: Placer) -> bool:
+    """Does a placement depend only on the cluster and the request (no random draws)?"""
+    return placer.tie_break == "first" and not placer.weights.get("random")
+
+
+class FailedSearches:
+    """The victim searches of one cycle that found nothing, to skip the searches that cannot do better.
+
+    Valid while the cluster, the running jobs and the queues' usage stay as the failed searches saw
+    them: ``changed`` (every bind or planned preemption) forgets them all. A search for a job is
+    skipped when one for an earlier job failed with the same *search key* (priority, resolved queue,
+    pool selector: so the same candidates, the same borrowing and the same reclaim; gang size and
+    topology needs) and the job asks for no less:
+
+    - always when the pod request and the excluded nodes are equal (the search is a function of them);
+    - for a ``monotone`` key (not MIG, no topology requirement finer than a NUMA node), also when every
+      amount (CPU, memory, GPUs, milli-GPU, GPU memory) is at least the failed one's and at least its
+      nodes are excluded. Whether such a job fits a cluster is a set of thresholds on free amounts
+      (``node_filter``, whole-free and share-free GPUs; for a gang ``place_gang`` finds a plan exactly
+      when some allowed domain's summed pod capacity reaches the gang size, and a capacity only
+      shrinks as the request grows), so whatever what-if cluster lets the larger job fit lets the
+      smaller one fit too. ``select_victims`` tries the same victim sets for both (they depend on the
+      candidates and the borrowing only until something fits), and the smaller one fitted none.
+    """
+
+    AMOUNTS = ("cpu_milli", "memory_mib", "gpu_count", "gpu_milli", "gpu_mem_mib")
+
+    def __init__(self) -> None:
+        self._failed: dict[tuple, list[tuple[PodRequest, tuple[int, ...], frozenset[str]]]] = {}
+
+    def changed(self) -> None:
+        self._failed.clear()
+
+    def add(self, search: tuple, request: PodRequest, exclude: set[str]) -> None:
+        amounts = tuple(getattr(request, a) for a in self.AMOUNTS)
+        self._failed.setdefault(self._key(search, request), []).append((request, amounts, frozenset(exclude)))
+
+    def covers(self, search: tuple, request: PodRequest, exclude: set[str]) -> bool:
+        entries = self._failed.get(self._key(search, request))
+        if not entries:
+            return False
+        monotone = search[6]
+        amounts = tuple(getattr(request, a) for a in self.AMOUNTS)
+        for req, done, excluded in entries:
+            if monotone:
+                if all(a >= b for a, b in zip(amounts, done, strict=True)) and excluded <= exclude:
+                    return True
+            elif req == request and excluded == exclude:
+                return True
+        return False
+
+    @staticmethod
+    def _key(search: tuple, request: PodRequest) -> tuple:
+        return (*search, request.kind, request.mig_profile, request.gpu_models, request.node_selector)
 
 
 def selector_pool(record: JobRecord) -> str | None:

@@ -203,6 +203,7 @@ def select_victims(
     fits_without: Callable[[list[RunningJob]], bool],
     borrowed: Mapping[str, float] | None = None,
     protect_guarantee: bool = False,
+    monotone: bool = False,
 ) -> list[RunningJob] | None:
     """The cheapest whole jobs whose eviction lets the preemptor fit, or None.
 
@@ -211,6 +212,11 @@ def select_victims(
     reclaim) no queue is taken below its guarantee. Greedy until it fits, then every victim that is
     not needed is dropped again (last chosen first), then a victim is swapped for a smaller one of
     no better rank while the preemptor still fits, so GPUs evicted / needed stays close to 1.
+
+    ``monotone``: the caller knows that evicting more never stops the preemptor from fitting (a set
+    fits, so does every larger one). The greedy pass only ever tries prefixes of one sequence, so the
+    same victims are found with fewer what-ifs: the whole sequence first (it does not fit: no victims),
+    then a bisection for the shortest prefix that fits, the one the greedy pass stops at.
     """
     borrowed = dict(borrowed or {})
 
@@ -223,16 +229,43 @@ def select_victims(
     )
     chosen: list[RunningJob] = []
     left = dict(borrowed)
-    for c in pool:
-        if fits_without(chosen):
-            break
-        if protect_guarantee and left.get(c.queue, 0.0) + EPS < c.gpus:
-            continue  # taking it would push its queue below its guarantee
-        chosen.append(c)
-        if c.queue in left:
-            left[c.queue] -= c.gpus
-    if not fits_without(chosen):
-        return None
+    known: dict[tuple[str, ...], bool] = {}
+    if monotone:
+        fits_without = _tried_once(fits_without, known)
+        sequence: list[RunningJob] = []
+        for c in pool:
+            if protect_guarantee and left.get(c.queue, 0.0) + EPS < c.gpus:
+                continue  # taking it would push its queue below its guarantee
+            sequence.append(c)
+            if c.queue in left:
+                left[c.queue] -= c.gpus
+        if not fits_without(sequence):
+            return None
+        lo, hi = 0, len(sequence)  # the shortest fitting prefix is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits_without(sequence[:mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        chosen = sequence[:lo]
+        if lo:
+            known[tuple(v.job_id for v in sequence[:lo - 1])] = False  # shorter than the shortest that fits
+        left = dict(borrowed)
+        for c in chosen:
+            if c.queue in left:
+                left[c.queue] -= c.gpus
+    else:
+        for c in pool:
+            if fits_without(chosen):
+                break
+            if protect_guarantee and left.get(c.queue, 0.0) + EPS < c.gpus:
+                continue  # taking it would push its queue below its guarantee
+            chosen.append(c)
+            if c.queue in left:
+                left[c.queue] -= c.gpus
+        if not fits_without(chosen):
+            return None
     for victim in reversed(list(chosen)):
         trial = [v for v in chosen if v is not victim]
         if fits_without(trial):
@@ -259,3 +292,17 @@ def select_victims(
             if improved:
                 break
     return chosen
+
+
+def _tried_once(
+    fits_without: Callable[[list[RunningJob]], bool], known: dict[tuple[str, ...], bool]
+) -> Callable[[list[RunningJob]], bool]:
+    """``fits_without`` that evaluates each victim list once (``known`` holds the answers)."""
+
+    def fits(victims: list[RunningJob]) -> bool:
+        key = tuple(v.job_id for v in victims)
+        if key not in known:
+            known[key] = fits_without(victims)
+        return known[key]
+
+    return fits
