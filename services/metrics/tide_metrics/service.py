@@ -268,9 +268,9 @@ class MetricsService:
         )
 
     async def close(self) -> None:
-        for sub in (self._api, self._telemetry):
+        for name in ("_api", "_telemetry"):  # absent when start() did not get that far
             try:
-                await sub.unsubscribe()
+                await getattr(self, name).unsubscribe()
             except Exception:
                 pass
         await close_nats(self.nc)
