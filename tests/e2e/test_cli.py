@@ -114,3 +114,12 @@ def test_watch_prints_a_jobs_events_live(stack: Stack, tmp_path: Path) -> None:
     finally:
         watch.terminate()
         watch.wait(timeout=10)
+
+
+def test_up_demo_runs_the_readme_demo_to_completion(tmp_path: Path) -> None:
+    """The README's first command: the whole stack on embedded defaults, three demo jobs, exit 0."""
+    done = tide(tmp_path / "home", "up", "--demo", timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "demo passed" in done.stdout
+    assert done.stdout.count(": succeeded") == 3
+    assert "stack stopped" in done.stdout
