@@ -123,6 +123,8 @@ class FragModel:
         for k, s in enumerate(typical.shapes):
             ok[1:, k] = [not s.gpu_models or m in s.gpu_models for m in models] if models else []
         self.model_ok = ok
+        # some typical GPU pod cannot use some of the cluster's GPU models
+        self.restricted = bool(len(models) and (self.is_gpu & ~ok[1:].all(axis=0)).any())
         self._table: np.ndarray | None = None
         # row vectors used per evaluation
         self.gpu_ok = ok & self.is_gpu[None, :]  # model_ok for GPU shapes only

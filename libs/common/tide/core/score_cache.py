@@ -22,6 +22,11 @@ Keyed safely:
 When many stale nodes are still in their described state (stamp 0), one node per hardware kind is
 scored and its result copied to the others (a cold cache on a 10,000-node cluster).
 
+A plugin whose scores also depend on a little cluster-wide state (the default policy's model pressure,
+from the free milli-GPU per GPU model) declares it through ``BeforeFrag.depends_on``: a function of the
+cluster and the request returning a hashable summary of that state, which becomes part of the entry
+key, so rows are reused only under the same summary (the plugin must score from the summary alone).
+
 MIG requests (instances live in a dict the stamps do not describe) and policies with a plugin that is
 not node-local (``random``) take the uncached path.
 """
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,12 +79,24 @@ class NodeScoreCache:
         self._snap: dict[str, np.ndarray] = {}
         self._stamp = np.zeros(0, dtype=np.int64)
         self._max_entries = 16
+        self._global: list[Callable[[Cluster, PodRequest], Hashable]] = []  # see ``depends_on``
+        self._global_added = False
         self.rescored = 0  # node rows re-scored so far (for tests and benchmarks)
 
     def clear(self) -> None:
-        """Forget every cached score (weights or workload changed)."""
+        """Forget every cached score (weights or workload changed); plugins declare their cluster-wide
+        state again (``depends_on``) when they next score."""
         self._entries.clear()
         self._before.clear()
+        self._global.clear()
+
+    def depends_on(self, key: Callable[[Cluster, PodRequest], Hashable]) -> None:
+        """Scores also depend on the cluster-wide state ``key(cluster, request)`` summarises (called by a
+        plugin while it scores; idempotent). The other entries scored so far did not know it: they are
+        dropped once the current decision is made."""
+        if key not in self._global:
+            self._global.append(key)
+            self._global_added = True
 
     # ------------------------------------------------------------------ cluster tracking
     _DYNAMIC = ("milli_free", "gpu_mem_free", "cpu_free", "mig_enabled")
@@ -156,8 +173,12 @@ class NodeScoreCache:
             pos = self._positions[node] = [cluster.position(node, g) for g in range(int(cluster.ngpu[node]))]
         return pos
 
-    def _entry(self, cluster: Cluster, req: PodRequest) -> _Entry:
+    def _key(self, cluster: Cluster, req: PodRequest) -> tuple:
         key = request_key(req)
+        return (key, *(k(cluster, req) for k in self._global)) if self._global else key
+
+    def _entry(self, cluster: Cluster, req: PodRequest) -> _Entry:
+        key = self._key(cluster, req)
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
@@ -191,6 +212,13 @@ class NodeScoreCache:
         stale = np.flatnonzero(entry.stamp != stamps)
         if len(stale):
             self._rescore(cluster, req, entry, stale, score)
+            if self._global_added:
+                # a plugin declared cluster-wide state: entries are keyed by it from now on. Rows scored
+                # before did not know it, except this entry's, all scored now (the plugin declares when it
+                # scores, and ``clear`` drops the declarations with the entries)
+                self._global_added = False
+                self._entries.clear()
+                self._entries[self._key(cluster, req)] = entry
         out = entry.score
         if req.memory_mib:
             out = np.where(cluster.mem_free >= req.memory_mib, out, -np.inf)
@@ -286,6 +314,10 @@ class BeforeFrag:
 
     def get(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> tuple[np.ndarray, ...]:
         return tuple(a[nodes] for a in self._record(models)[1])
+
+    def depends_on(self, key: Callable[[Cluster, PodRequest], Hashable]) -> None:
+        """See ``NodeScoreCache.depends_on``."""
+        self.cache.depends_on(key)
 
 
 @functools.cache

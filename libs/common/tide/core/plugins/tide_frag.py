@@ -22,16 +22,22 @@ milli-GPU) so that near-ties fall to node order (first-fit packing):
   fifth of it CPU-only pods): without this term most pods that fail near saturation find a GPU with
   room on nodes without the CPU for it. With it, CPU-only and CPU-heavy pods go where CPU is
   surplus to the GPUs' needs;
-- model reservation (whole-GPU pods only, ``model_weight`` 1): ``milli x pressure[model]``, where a
-  model's pressure is the share of the typical GPU demand restricted to a few models that falls on it
-  (apportioned by capacity) over its share of the capacity. FGD sees a restricted model's GPUs taken
-  only through the typical restricted pods' small weight, which the rounding erases, so unrestricted
-  whole pods filled V100/G3 GPUs that V100/G3-only pods then lacked while G2/T4 GPUs ended idle.
-  At weight 0.5 an unrestricted single-GPU pod still took a G3 GPU (pressure 0.09) rather than break
-  an idle 8-GPU G2 node, G3-only pods failed from 40% arrived (gpuspec25, seed 49) and gpuspec25 lost
-  0.38 to the term (below FGD on seed 49); at weight 1 the gpuspec traces gain 0.02-1.62 over 0.5
-  (seeds 42-51; tuned on seeds 42-44 of gpuspec10/20/25, mean: 0.5/1/2 -> 95.51/96.11/96.09).
-  Shares are left to the share-waste term (the pressure on shares too: worse);
+- model reservation (whole-GPU pods only, ``model_weight`` 2): ``milli x pressure[model]``, where a
+  model's pressure is the GPU demand to come that typical pods restricted to a few models put on it
+  (apportioned over their models by free milli-GPU) over its free milli-GPU, the demand to come being
+  the cluster's free milli-GPU times the restricted pods' share of the typical GPU demand: at the
+  start, a model's restricted share of the demand over its share of the capacity; as the model's GPUs
+  are taken faster than the cluster's, its pressure grows. The pressure is rounded to ``model_step``
+  (0.05) and declared to the score cache (``NodeScoreCache.depends_on``), so cached node scores are
+  reused only under the same pressures. FGD sees a restricted model's GPUs taken only through the
+  typical restricted pods' small weight, which the rounding erases, so unrestricted whole pods filled
+  V100/G3 GPUs that V100/G3-only pods then lacked while G2/T4 GPUs ended idle. With the static
+  pressure (free capacity = capacity) at weight 0.5 an unrestricted single-GPU pod took a G3 GPU
+  (pressure 0.09) rather than break an idle 8-GPU G2 node, G3-only pods failed from 40% arrived
+  (gpuspec25, seed 49) and gpuspec25 lost 0.38 to the term (below FGD on seed 49). Static weight 1:
+  gpuspec10/20/25 96.14/96.12/95.85 (seeds 42-51); dynamic weight 2: 96.14/96.12/95.94 (gpuspec25
+  better on 8 of 10 seeds). Shares are left to the share-waste term (the pressure on shares too:
+  gpuspec25 +0.1 but gpuspec10/20 -0.1);
 - ``capacity_weight`` blends in the repeated-pod CPU-aware fragmentation (``CapacityFragModel``) and
   ``fit_weight`` a best-fit term; both are off by default (the stranded term does better; see
   docs/benchmarks.md).
@@ -39,11 +45,16 @@ milli-GPU) so that near-ties fall to node order (first-fit packing):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from tide.core.frag import FragModel
-from tide.core.model import MILLI
+from tide.core.model import MILLI, PodRequest
 from tide.core.plugins.base import Context
 from tide.core.plugins.bestfit import bestfit_raw
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tide.core.cluster import Cluster
 
 
 class TideFragScore:
@@ -53,9 +64,12 @@ class TideFragScore:
     def __init__(
         self, fgd_weight: float = 1.0, capacity_weight: float = 0.0, fit_weight: float = 0.0, quantum: float = 100.0,
         open_penalty: float = 0.0, strand_weight: float = 2.0, strand_scale: float = 1.0,
-        model_weight: float = 1.0, pack_weight: float = 100.0, pack_coverage: float = 0.9,
-        model_kind: str = "whole",
+        model_weight: float = 2.0, pack_weight: float = 100.0, pack_coverage: float = 0.9,
+        model_kind: str = "whole", model_dynamic: bool = True, model_step: float = 0.05,
     ):
+        self.model_dynamic = model_dynamic
+        self.model_step = model_step
+        self._key_frag: FragModel | None = None
         self.model_kind = model_kind  # "" : the model term scores every GPU pod, else only this kind
         self.fgd_weight = fgd_weight
         self.strand_weight = strand_weight
@@ -80,10 +94,9 @@ class TideFragScore:
             out -= self.capacity_weight * ctx.frag_delta(capacity=True) / 10.0
         if self.strand_weight and ctx.frag is not None and ctx.frag.cpu_per_milli > 0:
             out -= self.strand_weight * stranded_delta(ctx, self.strand_scale * ctx.frag.cpu_per_milli) / 10.0
-        if self.model_weight and ctx.frag is not None and ctx.request.total_gpu_milli and (
-                not self.model_kind or ctx.request.kind == self.model_kind):
+        if ctx.frag is not None and self.applies(ctx.request):
             pressure = self.model_pressure(ctx)
-            if pressure.any():
+            if len(pressure) and pressure.any():
                 out -= self.model_weight * ctx.request.total_gpu_milli * pressure[
                     ctx.cluster.node_model[ctx.cand.node] + 1] / 10.0
         if self.pack_weight and ctx.frag is not None and ctx.request.kind == "share":
@@ -107,10 +120,33 @@ class TideFragScore:
         self._pack = (frag, table)
         return table
 
+    def _pressure_steps(self, frag: FragModel, cluster: Cluster) -> tuple[int, ...]:
+        """The dynamic model pressure in whole ``model_step``s (what the scores depend on)."""
+        if not frag.restricted:
+            return ()
+        p = model_pressure(frag, cluster.gpu_model, cluster.gpu_exists, cluster.milli_free)
+        return tuple(np.rint(p / self.model_step).astype(int).tolist())
+
+    def applies(self, req: PodRequest) -> bool:
+        """Whether the model term scores ``req``."""
+        return bool(self.model_weight and req.total_gpu_milli and (not self.model_kind or req.kind == self.model_kind))
+
+    def pressure_key(self, cluster: Cluster, req: PodRequest) -> tuple[int, ...] | None:
+        """What the scores of ``req`` depend on beyond each node's own state (``NodeScoreCache.depends_on``)."""
+        if self._key_frag is None or not self.applies(req):
+            return None
+        return self._pressure_steps(self._key_frag, cluster)
+
     def model_pressure(self, ctx: Context) -> np.ndarray:
         """[model id + 1] share of each GPU model's capacity that pods restricted to a few models need."""
         frag, cluster = ctx.frag, ctx.cluster
         assert frag is not None
+        if self.model_dynamic:
+            self._key_frag = frag
+            if ctx.before_cache is not None:
+                ctx.before_cache.depends_on(self.pressure_key)
+            steps = self._pressure_steps(frag, cluster)
+            return np.array(steps, dtype=float) * self.model_step if steps else np.zeros(0)
         cached = self._pressure
         if cached is not None and cached[0] is frag and cached[1] is cluster.gpu_model:
             return cached[2]
@@ -119,12 +155,17 @@ class TideFragScore:
         return pressure
 
 
-def model_pressure(frag: FragModel, gpu_model: np.ndarray, gpu_exists: np.ndarray) -> np.ndarray:
-    """[model id + 1] share of each GPU model's capacity that typical pods restricted to some models need
-    when the cluster is full (their demand apportioned over their models by capacity); 0 without
-    restricted pods. Row 0 is "no GPU"."""
+def model_pressure(frag: FragModel, gpu_model: np.ndarray, gpu_exists: np.ndarray,
+                   free: np.ndarray | None = None) -> np.ndarray:
+    """[model id + 1] the GPU demand that typical pods restricted to some models put on each model over
+    its capacity, relative to the whole cluster's (the restricted demand apportioned over its models by
+    capacity); 0 without restricted pods. Row 0 is "no GPU". With ``free`` ([N, G] milli-GPU free), the
+    free milli-GPU stands for the capacity: the demand to come over the room left."""
     n_models = frag.model_ok.shape[0] - 1
-    cap = np.bincount(gpu_model[gpu_exists], minlength=n_models).astype(float)[:n_models]
+    if free is None:
+        cap = np.bincount(gpu_model[gpu_exists], minlength=n_models).astype(float)[:n_models]
+    else:
+        cap = np.bincount(gpu_model[gpu_exists], weights=free[gpu_exists], minlength=n_models)[:n_models]
     out = np.zeros(n_models + 1)
     demand = frag.weight * frag.count * frag.thresholds[frag.t_k] * frag.is_gpu
     total_demand, total_cap = demand.sum(), cap.sum()
