@@ -180,3 +180,33 @@ def test_shortcuts_in_the_victim_search_change_no_decision(monkeypatch: pytest.M
         assert decisions(fast) == decisions(plain)
         preempting += bool(plain.preemptions)
     assert preempting >= 10  # the scenarios do exercise the search
+
+
+def test_kept_nodes_are_never_lent_and_stay_free_for_their_own_pool() -> None:
+    nodes = [small_node("t0", gpus=8, pool="training"), small_node("i0", gpus=8, pool="inference"),
+             small_node("i1", gpus=8, pool="inference")]
+    busy = record("busy", 8, pool="training", state=JobState.RUNNING)
+    running = {"busy": (busy, [whole("t0", list(range(8)))])}
+    night = datetime.fromisoformat("2026-12-02T23:00")
+    rule = {"lend": "inference", "to": "training", "start": "22:00", "end": "07:00"}
+    wanted = [record("train-a", 8, pool="training", t=1.0), record("train-b", 8, pool="training", t=2.0)]
+
+    def placed(keep: int, pending: list[JobRecord]) -> dict[str, str]:
+        tides = parse_tides({"tides": [{**rule, "keepNodes": keep}]})
+        plan = plan_cycle(state(nodes, running, pending, tides=tides, wall=night), Placer())
+        return {b.record.job_id: b.placements[0].alloc.node_id for b in plan.binds}
+
+    assert placed(0, wanted) == {"train-a": "i0", "train-b": "i1"}  # every idle inference node is lent
+    assert placed(1, wanted) == {"train-a": "i0"}  # the pool's last node is kept back
+    assert placed(5, wanted) == {}  # keeping more nodes than the pool has lends none
+    # training borrowed i0 earlier; a serving job arriving in the window starts on the kept node at once,
+    # instead of preempting the borrower and waiting out its grace period
+    lent = record("lent", 8, pool="training", state=JobState.RUNNING)
+    serving = record("serve", 8, pool="inference", priority="online-serving", t=3.0)
+    tides = parse_tides({"tides": [{**rule, "keepNodes": 1}]})
+    running2 = {**running, "lent": (lent, [whole("i0", list(range(8)))])}
+    plan = plan_cycle(state(nodes, running2, [serving], tides=tides, wall=night), Placer())
+    assert [(b.record.job_id, b.placements[0].alloc.node_id) for b in plan.binds] == [("serve", "i1")]
+    assert plan.preemptions == []
+    with pytest.raises(ValueError, match="keepNodes"):
+        parse_tides({"tides": [{**rule, "keepNodes": -1}]})

@@ -335,7 +335,7 @@ def borrows_from(record: JobRecord, allocs: Iterable[Allocation], rule: TideRule
 def lent_view(cluster: Cluster, record: JobRecord, tide_states: Mapping[TideRule, TideState],
               running: Running) -> Cluster:
     """The cluster as ``record`` may see it: in an open window, the lending pool's idle nodes (no work
-    of their own pool) carry the borrowing pool's label."""
+    of their own pool) carry the borrowing pool's label, except the pool's last ``keep_nodes`` nodes."""
     pool = selector_pool(record)
     rules = [r for r, s in tide_states.items() if s == TideState.OPEN and r.to == pool]
     if not rules:
@@ -345,9 +345,11 @@ def lent_view(cluster: Cluster, record: JobRecord, tide_states: Mapping[TideRule
     view.labels = [dict(labels) for labels in cluster.labels]
     view._label_cache = {}
     for rule in rules:
-        for i, labels in enumerate(view.labels):
-            if labels.get("pool") == rule.lend and view.node_ids[i] not in busy:
-                labels["pool"] = rule.to
+        pool_nodes = [i for i, labels in enumerate(cluster.labels) if labels.get("pool") == rule.lend]
+        kept = set(pool_nodes[max(0, len(pool_nodes) - rule.keep_nodes):]) if rule.keep_nodes else set()
+        for i in pool_nodes:
+            if i not in kept and view.node_ids[i] not in busy:
+                view.labels[i]["pool"] = rule.to
     return view
 
 

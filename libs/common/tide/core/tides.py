@@ -4,7 +4,9 @@ A rule ``{lend: inference, to: training, start: "22:00", end: "07:00", returnBef
 makes idle nodes labelled ``pool=inference`` usable by jobs selecting ``pool=training`` while the
 window is *open*; from ``end - returnBeforeSeconds`` on it is *returning*: the borrowed work is
 preempted gracefully, so the nodes are back, empty, when the window ends. Choose
-``returnBeforeSeconds`` at least the borrowers' grace period plus a scheduling round.
+``returnBeforeSeconds`` at least the borrowers' grace period plus a scheduling round. With
+``keepNodes: N`` the lending pool's last N nodes (in node order) are never lent: headroom for its own
+jobs arriving inside the window, which otherwise wait for a borrower's grace period.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class TideRule:
     start: time
     end: time
     return_before_s: float = 600.0
+    keep_nodes: int = 0  # the lending pool's last keep_nodes nodes are never lent
 
     def state(self, now: datetime) -> TideState:
         """Where ``now`` (local wall time) falls in the daily window; windows may cross midnight."""
@@ -59,7 +62,10 @@ def parse_tides(config: Mapping[str, object] | None) -> list[TideRule]:
             start=_clock(str(item["start"]), "start"),
             end=_clock(str(item["end"]), "end"),
             return_before_s=float(item.get("returnBeforeSeconds", 600)),
+            keep_nodes=int(item.get("keepNodes", 0)),
         )
+        if rule.keep_nodes < 0:
+            raise ValueError(f"tide keepNodes {rule.keep_nodes} is negative")
         if rule.lend == rule.to:
             raise ValueError(f"tide lends pool {rule.lend!r} to itself")
         rules.append(rule)
