@@ -278,24 +278,19 @@ class MetricsService:
 
     # ------------------------------------------------------------ Redis state
     async def job_info(self, job_id: str) -> JobInfo | None:
-        info = self.jobs.get(job_id)
-        if info is None:
-            raw = await self.redis.get(keys.job(job_id))
-            if not raw:
-                return None
-            spec = JobRecord.model_validate_json(raw).spec
-            info = self._remember(job_id, spec)
-        return info
+        return (await self.job_infos([job_id])).get(job_id)
 
     async def job_infos(self, job_ids: list[str]) -> dict[str, JobInfo]:
-        """``job_info`` for many jobs: the ones not cached are read in one MGET."""
-        missing = [j for j in dict.fromkeys(job_ids) if j not in self.jobs]
+        """Spec and family of each job (None-free: unknown jobs are left out); the ones not cached are read
+        in one MGET per 1,000."""
+        out = {j: info for j in job_ids if (info := self.jobs.get(j)) is not None}
+        missing = [j for j in dict.fromkeys(job_ids) if j not in out]
         for start in range(0, len(missing), 1000):
             chunk = missing[start:start + 1000]
             for job_id, raw in zip(chunk, await self.redis.mget([keys.job(j) for j in chunk]), strict=True):
-                if raw:
-                    self._remember(job_id, JobRecord.model_validate_json(raw).spec)
-        return {j: info for j in job_ids if (info := self.jobs.get(j)) is not None}
+                if raw:  # kept in the result even if the bounded cache has already let it go again
+                    out[job_id] = self._remember(job_id, JobRecord.model_validate_json(raw).spec)
+        return out
 
     async def _inventory(self) -> Inventory:
         """Node descriptions and capacities: read again only after a (re-)registration bumps the nodes
