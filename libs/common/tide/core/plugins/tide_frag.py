@@ -70,6 +70,7 @@ class TideFragScore:
         self.model_dynamic = model_dynamic
         self.model_step = model_step
         self._key_frag: FragModel | None = None
+        self._steps_memo: tuple[FragModel, Cluster, int, tuple[int, ...]] | None = None  # see _pressure_steps
         self.model_kind = model_kind  # "" : the model term scores every GPU pod, else only this kind
         self.fgd_weight = fgd_weight
         self.strand_weight = strand_weight
@@ -121,11 +122,18 @@ class TideFragScore:
         return table
 
     def _pressure_steps(self, frag: FragModel, cluster: Cluster) -> tuple[int, ...]:
-        """The dynamic model pressure in whole ``model_step``s (what the scores depend on)."""
-        if not frag.restricted:
-            return ()
-        p = model_pressure(frag, cluster.gpu_model, cluster.gpu_exists, cluster.milli_free)
-        return tuple(np.rint(p / self.model_step).astype(int).tolist())
+        """The dynamic model pressure in whole ``model_step``s (what the scores depend on). It is the same
+        for every candidate of a decision, so it is computed once per cluster state (``Cluster.version``,
+        bumped by every allocate and release) rather than once per node scored."""
+        memo = self._steps_memo
+        if memo is not None and memo[0] is frag and memo[1] is cluster and memo[2] == cluster.version:
+            return memo[3]
+        steps: tuple[int, ...] = ()
+        if frag.restricted:
+            p = model_pressure(frag, cluster.gpu_model, cluster.gpu_exists, cluster.milli_free)
+            steps = tuple(np.rint(p / self.model_step).astype(int).tolist())
+        self._steps_memo = (frag, cluster, cluster.version, steps)
+        return steps
 
     def applies(self, req: PodRequest) -> bool:
         """Whether the model term scores ``req``."""
