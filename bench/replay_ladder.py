@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speedup", type=float, default=50.0)
     ap.add_argument("--slice", type=int, default=40)
     ap.add_argument("--tick", type=float, default=30.0)
+    ap.add_argument("--keep-gpus", type=int, default=WorkloadConfig.tide_keep_gpus,
+                    help="the tide rule's keepGPUs (serving headroom in the lending window)")
     ap.add_argument("--rungs", default="", help="comma-separated rung numbers (default: all)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--merge", nargs="+", help="do not run: merge these result files into --out")
@@ -204,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     rungs = [LADDER[int(k)] for k in args.rungs.split(",")] if args.rungs else list(LADDER)
     runs: list[dict] = []
     for seed in seeds:
-        config = WorkloadConfig(seed=seed, nodes=args.slice, speedup=args.speedup, load=args.load)
+        config = WorkloadConfig(seed=seed, nodes=args.slice, speedup=args.speedup, load=args.load,
+                                tide_keep_gpus=args.keep_gpus)
         workload = build_workload(args.nodes, args.pods, config)
         print(f"seed {seed}: workload {workload.notes}, horizon {workload.horizon_s / 3600:.1f} h",
               file=sys.stderr, flush=True)

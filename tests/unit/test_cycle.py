@@ -182,31 +182,56 @@ def test_shortcuts_in_the_victim_search_change_no_decision(monkeypatch: pytest.M
     assert preempting >= 10  # the scenarios do exercise the search
 
 
-def test_kept_nodes_are_never_lent_and_stay_free_for_their_own_pool() -> None:
+def test_the_lending_pool_keeps_its_headroom_in_gpus_and_refills_it_from_the_cheapest_lent_node() -> None:
     nodes = [small_node("t0", gpus=8, pool="training"), small_node("i0", gpus=8, pool="inference"),
-             small_node("i1", gpus=8, pool="inference")]
+             small_node("i1", gpus=8, pool="inference"), small_node("i2", gpus=2, pool="inference")]
     busy = record("busy", 8, pool="training", state=JobState.RUNNING)
     running = {"busy": (busy, [whole("t0", list(range(8)))])}
     night = datetime.fromisoformat("2026-12-02T23:00")
     rule = {"lend": "inference", "to": "training", "start": "22:00", "end": "07:00"}
-    wanted = [record("train-a", 8, pool="training", t=1.0), record("train-b", 8, pool="training", t=2.0)]
+    wanted = [record("train-a", 8, pool="training", t=1.0), record("train-b", 8, pool="training", t=2.0),
+              record("train-c", 2, pool="training", t=3.0)]
 
-    def placed(keep: int, pending: list[JobRecord]) -> dict[str, str]:
-        tides = parse_tides({"tides": [{**rule, "keepNodes": keep}]})
-        plan = plan_cycle(state(nodes, running, pending, tides=tides, wall=night), Placer())
+    def placed(keep: int, running: dict) -> dict[str, str]:
+        tides = parse_tides({"tides": [{**rule, "keepGPUs": keep}]})
+        plan = plan_cycle(state(nodes, running, wanted, tides=tides, wall=night), Placer())
         return {b.record.job_id: b.placements[0].alloc.node_id for b in plan.binds}
 
-    assert placed(0, wanted) == {"train-a": "i0", "train-b": "i1"}  # every idle inference node is lent
-    assert placed(1, wanted) == {"train-a": "i0"}  # the pool's last node is kept back
-    assert placed(5, wanted) == {}  # keeping more nodes than the pool has lends none
-    # training borrowed i0 earlier; a serving job arriving in the window starts on the kept node at once,
-    # instead of preempting the borrower and waiting out its grace period
-    lent = record("lent", 8, pool="training", state=JobState.RUNNING)
-    serving = record("serve", 8, pool="inference", priority="online-serving", t=3.0)
-    tides = parse_tides({"tides": [{**rule, "keepNodes": 1}]})
-    running2 = {**running, "lent": (lent, [whole("i0", list(range(8)))])}
-    plan = plan_cycle(state(nodes, running2, [serving], tides=tides, wall=night), Placer())
-    assert [(b.record.job_id, b.placements[0].alloc.node_id) for b in plan.binds] == [("serve", "i1")]
-    assert plan.preemptions == []
-    with pytest.raises(ValueError, match="keepNodes"):
-        parse_tides({"tides": [{**rule, "keepNodes": -1}]})
+    every = {"train-a": "i0", "train-b": "i1", "train-c": "i2"}
+    assert placed(0, running) == every  # every idle inference node is lent
+    assert placed(2, running) == {"train-a": "i0", "train-b": "i1"}  # the smallest node covers 2 GPUs
+    assert placed(3, running) == {"train-a": "i0"}  # 2 + 8: i1 (last of the two 8-GPU nodes) is kept too
+    assert placed(100, running) == {}  # more than the pool has: nothing is lent
+    # free GPUs next to the pool's own work count: 2 free beside a 6-GPU serving job lend every idle node
+    serving6 = record("serving6", 6, pool="inference", priority="online-serving", state=JobState.RUNNING)
+    nodes.append(small_node("i3", gpus=8, pool="inference"))
+    assert placed(2, {**running, "serving6": (serving6, [whole("i3", list(range(6)))])}) == every
+    nodes.pop()
+
+    # training borrowed i0 (8 GPUs) and all of i1 (4 GPUs); i2 is the headroom. A serving job arriving in
+    # the window starts there at once, and the cycle takes back the lent node whose borrowers hold
+    # the fewest GPUs (i1), so the next serving job does not wait for a grace period either
+    nodes[2] = small_node("i1", gpus=4, pool="inference")
+    tides = parse_tides({"tides": [{**rule, "keepGPUs": 2}]})
+    borrowed = {**running,
+                "lent-8": (record("lent-8", 8, pool="training", state=JobState.RUNNING), [whole("i0", list(range(8)))]),
+                "lent-4": (record("lent-4", 4, pool="training", state=JobState.RUNNING), [whole("i1", list(range(4)))])}
+    serving = record("serve", 2, pool="inference", priority="online-serving", t=3.0)
+    plan = plan_cycle(state(nodes, borrowed, [serving], tides=tides, wall=night), Placer())
+    assert [(b.record.job_id, b.placements[0].alloc.node_id) for b in plan.binds] == [("serve", "i2")]
+    assert [(p.job_id, p.by) for p in plan.preemptions] == [("lent-4", "tide")]
+    assert "headroom" in plan.preemptions[0].why
+    # while lent-4 stops, i1 is headroom again: it is not lent to a waiting training job and nothing
+    # more is taken back; with the headroom intact nothing is taken back at all
+    stopping = {**borrowed, "lent-4": (borrowed["lent-4"][0].model_copy(update={"state": JobState.PREEMPTED}),
+                                       borrowed["lent-4"][1]),
+                "serve": (serving.model_copy(update={"state": JobState.RUNNING}), [whole("i2", [0, 1])])}
+    later = plan_cycle(state(nodes, stopping, [record("train-d", 4, pool="training", t=4.0)], tides=tides,
+                             wall=night), Placer())
+    assert later.binds == [] and later.preemptions == []
+    view = state(nodes, stopping, [], tides=tides, wall=night)
+    lent = cycle_module.lending(view.cluster, tides[0], stopping)
+    assert [nodes[i].node_id for i in lent.lent] == ["i0"] and lent.headroom == 4
+    assert plan_cycle(state(nodes, borrowed, [], tides=tides, wall=night), Placer()).preemptions == []
+    with pytest.raises(ValueError, match="keepGPUs"):
+        parse_tides({"tides": [{**rule, "keepGPUs": -1}]})

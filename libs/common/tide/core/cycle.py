@@ -10,7 +10,8 @@ gather the snapshot and carry out the plan (Redis + node agents, or a virtual cl
    relabel lent nodes); the plan assumes each bind succeeds and places the next job on what is left;
 4. a job that does not fit may preempt (priority, reclaim of borrowed guarantee, a pool taking its lent
    nodes back): the core picks the cheapest whole victims;
-5. otherwise the first blocked gang earmarks nodes (the backfill rule) and the job stays pending with why.
+5. otherwise the first blocked gang earmarks nodes (the backfill rule) and the job stays pending with why;
+6. tides: in an open window, a lending pool whose own jobs used up its headroom takes lent nodes back.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tide.core.job_placement import (
     pod_request,
     topology_levels,
 )
-from tide.core.model import Allocation, PodRequest, Unfit
+from tide.core.model import MILLI, Allocation, PodRequest, Unfit
 from tide.core.placer import Placer
 from tide.core.queues import (
     PendingJob,
@@ -105,8 +106,15 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
             if record.state == JobState.RUNNING and borrows_from(record, allocs, rule, cluster):
                 plan.preemptions.append(Preemption(job_id, "tide", f"tidal window {tide}: {rule.lend} nodes go back"))
                 running.pop(job_id)
-    if not state.pending or not state.nodes:
-        return plan
+    if state.pending and state.nodes:
+        _place_pending(state, placer, plan, cluster, running, tide_states)
+    refill_headroom(plan, cluster, running, tide_states)
+    return plan
+
+
+def _place_pending(state: CycleState, placer: Placer, plan: Plan, cluster: Cluster, running: Running,
+                   tide_states: Mapping[TideRule, TideState]) -> None:
+    """Steps 2-5: place the pending jobs in order on ``cluster``, planning preemptions where allowed."""
     tree = state.tree
     capacity = {
         "gpu": float(cluster.gpu_exists.sum()),
@@ -162,7 +170,6 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
         running[record.job_id] = (record, [p.alloc for p in result])
         for path in tree.ancestors(tree.resolve(record.spec.metadata.queue)):
             usage[path] = add(usage.get(path, {}), pending.demand)
-    return plan
 
 
 def _may_preempt(state: CycleState, record: JobRecord, lowest_running: int | None,
@@ -334,23 +341,87 @@ def borrows_from(record: JobRecord, allocs: Iterable[Allocation], rule: TideRule
 
 def lent_view(cluster: Cluster, record: JobRecord, tide_states: Mapping[TideRule, TideState],
               running: Running) -> Cluster:
-    """The cluster as ``record`` may see it: in an open window, the lending pool's idle nodes (no work
-    of their own pool) carry the borrowing pool's label, except the pool's last ``keep_nodes`` nodes."""
+    """The cluster as ``record`` may see it: in an open window, the lent nodes (``lending``) carry the
+    borrowing pool's label."""
     pool = selector_pool(record)
     rules = [r for r, s in tide_states.items() if s == TideState.OPEN and r.to == pool]
     if not rules:
         return cluster
-    busy = {a.node_id for other, allocs in running.values() if selector_pool(other) != pool for a in allocs}
     view = cluster.copy()
     view.labels = [dict(labels) for labels in cluster.labels]
     view._label_cache = {}
     for rule in rules:
-        pool_nodes = [i for i, labels in enumerate(cluster.labels) if labels.get("pool") == rule.lend]
-        kept = set(pool_nodes[max(0, len(pool_nodes) - rule.keep_nodes):]) if rule.keep_nodes else set()
-        for i in pool_nodes:
-            if i not in kept and view.node_ids[i] not in busy:
-                view.labels[i]["pool"] = rule.to
+        for i in lending(cluster, rule, running).lent:
+            view.labels[i]["pool"] = rule.to
     return view
+
+
+@dataclass(frozen=True)
+class Lending:
+    """What a tide rule lends now: ``lent`` node indices, and the lending pool's ``headroom``, the whole
+    GPUs its own jobs can use outside the lent nodes (free now or once stopping borrowers are gone)."""
+
+    lent: list[int]
+    headroom: int
+    borrowed: dict[int, list[str]]  # lent node -> the running borrowers on it (the headroom's refill)
+
+
+def lending(cluster: Cluster, rule: TideRule, running: Running) -> Lending:
+    """The lending pool's nodes in an open window. A node with work of its own pool is never lent; a
+    node with a borrower still running stays lent; the other (idle) nodes are lent, except the
+    smallest ones (last in node order among equals) that bring the headroom up to ``keep_gpus``."""
+    pool_nodes = [i for i, labels in enumerate(cluster.labels) if labels.get("pool") == rule.lend]
+    if not pool_nodes:
+        return Lending([], 0, {})
+    own: set[str] = set()
+    borrowers: dict[str, list[str]] = {}
+    for job_id, (other, allocs) in running.items():
+        if selector_pool(other) != rule.to:
+            own.update(a.node_id for a in allocs)
+        elif other.state != JobState.PREEMPTED:  # a stopping borrower's GPUs are coming back
+            for a in allocs:
+                borrowers.setdefault(a.node_id, []).append(job_id)
+    whole_free = (cluster.milli_free >= MILLI) & cluster.gpu_exists
+    headroom, lent, idle = 0, [], []
+    borrowed: dict[int, list[str]] = {}
+    for i in pool_nodes:
+        node_id = cluster.node_ids[i]
+        if node_id in own:
+            headroom += int(whole_free[i].sum())
+        elif node_id in borrowers:
+            lent.append(i)
+            borrowed[i] = sorted(set(borrowers[node_id]))
+        else:
+            idle.append(i)
+    for i in sorted(idle, key=lambda i: (int(cluster.gpu_exists[i].sum()), -i)):
+        if headroom < rule.keep_gpus:
+            headroom += int(cluster.gpu_exists[i].sum())
+        else:
+            lent.append(i)
+    return Lending(sorted(lent), headroom, borrowed)
+
+
+def refill_headroom(plan: Plan, cluster: Cluster, running: Running, tide_states: Mapping[TideRule, TideState]) -> None:
+    """In an open window, when the lending pool's own jobs have used up its ``keep_gpus`` headroom,
+    plan the return of lent nodes until it is restored, cheapest first (fewest GPUs of borrowers)."""
+    for rule, tide in tide_states.items():
+        if tide != TideState.OPEN or not rule.keep_gpus:
+            continue
+        while True:
+            now = lending(cluster, rule, running)
+            if now.headroom >= rule.keep_gpus:
+                break
+            # a job bound in this very plan has not started: it is not taken back before it does
+            returnable = [i for i, jobs in now.borrowed.items()
+                          if all(running[j][0].state == JobState.RUNNING for j in jobs)]
+            if not returnable:
+                break
+            node = min(returnable, key=lambda i: (sum(job_demand(running[j][0].spec)["gpu"]
+                                                      for j in now.borrowed[i]), i))
+            for job_id in now.borrowed[node]:
+                running.pop(job_id)
+                plan.preemptions.append(Preemption(
+                    job_id, "tide", f"tidal headroom: {rule.lend} keeps {rule.keep_gpus} GPU(s) for its own jobs"))
 
 
 def fits_before(record: JobRecord, earmarked: list[str], running: Running, now: float) -> bool:

@@ -5,8 +5,11 @@ makes idle nodes labelled ``pool=inference`` usable by jobs selecting ``pool=tra
 window is *open*; from ``end - returnBeforeSeconds`` on it is *returning*: the borrowed work is
 preempted gracefully, so the nodes are back, empty, when the window ends. Choose
 ``returnBeforeSeconds`` at least the borrowers' grace period plus a scheduling round. With
-``keepNodes: N`` the lending pool's last N nodes (in node order) are never lent: headroom for its own
-jobs arriving inside the window, which otherwise wait for a borrower's grace period.
+``keepGPUs: N`` the lending pool keeps N whole GPUs of headroom while the window is open: its own jobs
+arriving inside the window start there at once instead of waiting out a borrower's grace period.
+Idle nodes are held back (smallest first) until N whole GPUs are free outside the lent nodes, and
+when the pool's own jobs use up the headroom, borrowers are preempted on the fewest lent nodes that
+restore it (``tide.core.cycle.lending``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ class TideRule:
     start: time
     end: time
     return_before_s: float = 600.0
-    keep_nodes: int = 0  # the lending pool's last keep_nodes nodes are never lent
+    keep_gpus: int = 0  # whole GPUs of headroom the lending pool keeps in an open window
 
     def state(self, now: datetime) -> TideState:
         """Where ``now`` (local wall time) falls in the daily window; windows may cross midnight."""
@@ -62,10 +65,10 @@ def parse_tides(config: Mapping[str, object] | None) -> list[TideRule]:
             start=_clock(str(item["start"]), "start"),
             end=_clock(str(item["end"]), "end"),
             return_before_s=float(item.get("returnBeforeSeconds", 600)),
-            keep_nodes=int(item.get("keepNodes", 0)),
+            keep_gpus=int(item.get("keepGPUs", 0)),
         )
-        if rule.keep_nodes < 0:
-            raise ValueError(f"tide keepNodes {rule.keep_nodes} is negative")
+        if rule.keep_gpus < 0:
+            raise ValueError(f"tide keepGPUs {rule.keep_gpus} is negative")
         if rule.lend == rule.to:
             raise ValueError(f"tide lends pool {rule.lend!r} to itself")
         rules.append(rule)

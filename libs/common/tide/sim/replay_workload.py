@@ -16,7 +16,8 @@ Added (the openb traces have none of these):
 
 - **pools and tides**: ``inference_share`` of the sliced nodes are labelled ``pool=inference``, the
   rest ``pool=training``; trace pods select ``pool=training``. A tide rule lends idle inference nodes to
-  training from 22:00 to 07:00 (returned 600 s before the end);
+  training from 22:00 to 07:00 (returned 600 s before the end), keeping ``tide_keep_gpus`` whole GPUs
+  of the inference pool free for serving jobs arriving in the window (``keepGPUs``);
 - **online serving with a day/night load**: a seeded Poisson stream (by thinning) of ``online-serving``
   jobs selecting ``pool=inference``, half 1 GPU and half 25/50 % shares, lognormal runtimes (median
   ``serving_median_s``), at a rate that keeps ``serving_peak`` of the inference GPUs busy at 14:00 and
@@ -72,6 +73,7 @@ class WorkloadConfig:
     checkpoint_s: float = 1800.0
     horizon_s: float | None = None  # default: the last trace arrival
     start_hour: float = 18.0  # virtual time 0 is this time of day (so a short run crosses a night)
+    tide_keep_gpus: int = 2  # the tide rule's keepGPUs: serving headroom while inference nodes are lent
 
 
 @dataclass
@@ -160,7 +162,7 @@ def build_workload(nodes_csv: str | Path, pods_csv: str | Path, config: Workload
         "queues": [{"name": "serving", "weight": 1, "guarantee": {"gpu": inf_gpus}}]
         + [{"name": name, "weight": w, **({"guarantee": {"gpu": round(g * train_gpus, 1)}} if g else {})}
            for name, w, g, _ in TENANTS],
-        "tides": [TIDE_RULE],
+        "tides": [{**TIDE_RULE, "keepGPUs": config.tide_keep_gpus}],
     }
     notes = {"nodes": len(nodes), "gpus": inf_gpus + train_gpus, "inference_gpus": inf_gpus,
              "training_gpus": train_gpus, "trace_jobs": sum(j.priority_class != "online-serving" for j in jobs),
