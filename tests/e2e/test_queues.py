@@ -185,3 +185,47 @@ async def test_tidal_window_lends_inference_nodes_and_returns_them_on_time(make_
         assert (await client.job("night-2"))["state"] == "pending"
     finally:
         await client.close()
+
+
+async def test_tidal_headroom_starts_serving_at_once_and_is_refilled_from_a_lent_node(make_stack, tmp_path: Path
+                                                                                     ) -> None:
+    config = tmp_path / "queues.yaml"
+    config.write_text("queues: []\n"
+                      "tides:\n"
+                      "  - {lend: inference, to: training, start: '22:00', end: '07:00', keepGPUs: 2}\n")
+    clock = tmp_path / "clock"
+    clock.write_text("2026-12-02T23:00:00")  # the window is open
+    env = {"queue": {"TIDE_QUEUE_CONFIG": str(config)},
+           "placer": {"TIDE_CLOCK_FILE": str(clock), "TIDE_MIN_RUNTIME_S": "0"}}
+    stack = make_stack([small_node("infer-0", gpus=8, pool="inference"),
+                        small_node("infer-1", gpus=2, pool="inference")], env=env)
+    client = await TideClient.connect(stack.info.settings_for("admin"))
+
+    def training(name: str, gpus: int) -> dict:
+        spec = in_queue(job(name, ["sleep", "300"], gpu=gpus), "default", grace=1.0)
+        spec["spec"]["template"]["nodeSelector"] = {"pool": "training"}
+        return spec
+
+    try:
+        assert (await client.submit(training("borrower", 8), job_id="borrower")).accepted
+        assert (await client.wait("borrower", states={"running"}, timeout_s=30))["pods"][0]["node"] == "infer-0"
+        assert (await client.submit(training("small", 2), job_id="small")).accepted
+        await asyncio.sleep(1.5)
+        assert (await client.job("small"))["state"] == "pending"  # infer-1 is the headroom: not lent
+        serving = job("serve", ["sleep", "300"], gpu=2)
+        serving["spec"]["template"]["nodeSelector"] = {"pool": "inference"}
+        assert (await client.submit(serving, job_id="serve")).accepted
+        started = await client.wait("serve", states={"running"}, timeout_s=30)
+        assert started["pods"][0]["node"] == "infer-1"
+        assert (await client.status("serve"))["jobs"][0]["preemptions"] == 0
+        # the headroom is used up: the placer takes the lent node back to restore it (inside the open
+        # window, so not the window's return)
+        for _ in range(100):
+            status = (await client.status("borrower"))["jobs"][0]
+            if status["preempted_by"] == "tide":
+                break
+            await asyncio.sleep(0.1)
+        assert status["preempted_by"] == "tide" and status["preemptions"] == 1
+        assert (await client.job("serve"))["state"] == "running"
+    finally:
+        await client.close()
