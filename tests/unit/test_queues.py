@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from tide.core.queues import (
     PendingJob,
     QueueTree,
     RunningJob,
+    VictimGuard,
     add,
     order_pending,
     select_victims,
@@ -78,16 +80,29 @@ def test_victims_are_whole_minimal_and_borrowers_first() -> None:
     freed = lambda vs: sum(v.gpus for v in vs)  # noqa: E731
     victims = select_victims(running, lambda vs: freed(vs) >= 4)
     assert [v.job_id for v in victims] == ["gang-b"]  # one whole gang of exactly 4, not 1 + 8
-    victims = select_victims(running, lambda vs: freed(vs) >= 8, borrowed={"org/prod": 12})
+    borrowing = [replace(r, borrowed=12) if r.queue == "org/prod" else r for r in running]
+    victims = select_victims(borrowing, lambda vs: freed(vs) >= 8)
     assert [v.job_id for v in victims] == ["gang-a"]  # evicted / needed = 1
     assert select_victims(running, lambda vs: freed(vs) >= 100) is None
-    # a reclaim never takes a queue below its guarantee
-    assert select_victims(running[:2], lambda vs: freed(vs) >= 8, borrowed={"org/prod": 4},
-                          protect_guarantee=True) is None
-    # a higher-priority preemptor may take a queue below its guarantee
-    assert select_victims(running[:2], lambda vs: freed(vs) >= 8, borrowed={"org/prod": 4}) is not None
+
+    class SparesProd(VictimGuard):  # e.g. org/prod at its guarantee
+        def admits(self, victim: RunningJob) -> bool:
+            return victim.queue != "org/prod"
+
+    assert select_victims(running[:2], lambda vs: freed(vs) >= 8, SparesProd()) is None
+    assert select_victims(running[:2], lambda vs: freed(vs) >= 8) is not None
     protected = [RunningJob("young", "org/prod", 0, 8, 1, preemptible=False)]
     assert select_victims(protected, lambda vs: freed(vs) >= 8) is None
+
+
+def test_victims_spread_over_the_borrowing_queues_and_elastic_extras_go_first() -> None:
+    jobs = [RunningJob(f"{q}{i}", q, 500, 1, work_lost_s=i, borrowed=4) for q in ("a", "b") for i in range(4)]
+    victims = select_victims(jobs, lambda vs: len(vs) >= 4)
+    assert sorted(v.job_id for v in victims) == ["a0", "a1", "b0", "b1"]  # two from each, not four from one
+    heavier = [replace(j, borrowed=6) if j.queue == "a" else j for j in jobs]
+    assert sorted(v.job_id for v in select_victims(heavier, lambda vs: len(vs) >= 4)) == ["a0", "a1", "a2", "b0"]
+    extra = RunningJob("gang-extra", "c", 500, 1, work_lost_s=1e6, extra=True)
+    assert [v.job_id for v in select_victims([*jobs, extra], lambda vs: len(vs) >= 1)] == ["gang-extra"]
 
 
 def simulate(weights: list[float], guarantees: list[float], capacity: int, steps: int, seed: int) -> dict:

@@ -105,6 +105,9 @@ class JobBody(_Strict):
     runtime_estimate_s: float | None = Field(
         default=None, alias="runtimeSeconds", gt=0, le=90 * 24 * 3600,
         description="expected runtime; lets the job backfill in front of a waiting gang")
+    preemptible: bool | None = Field(
+        default=None, description="false: never a preemption victim (it may then not borrow beyond its queue's "
+                                  "guarantee); default: as its priority class says")
     template: PodTemplate
 
     @field_validator("min_member")
