@@ -21,9 +21,11 @@ from tide_node_agent.service import NodeAgent
 class FakeNats:
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []
+        self.headers: list[dict[str, str] | None] = []
 
-    async def publish(self, subject: str, data: bytes) -> None:
+    async def publish(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> None:
         self.published.append((subject, data))
+        self.headers.append(headers)
 
 
 class CapturedAgent(NodeAgent):

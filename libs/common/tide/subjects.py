@@ -54,6 +54,11 @@ def telemetry(node_id: str) -> str:
     return f"{PREFIX}.telemetry.{node_id}"
 
 
+PODS_HEADER = "Tide-Pods"
+"""Heartbeat header: the pods the agent runs, ``<job>/<pod>.a<attempt>`` comma-separated (the placer reads
+it without parsing the body, and stops any pod whose attempt is not the job's current one)."""
+
+
 # Feedback loop output
 PLACER_WEIGHTS = f"{PREFIX}.placer.weights"
 # Wake-up hint for the placer's scheduling cycle (core NATS; losing one only delays a cycle)

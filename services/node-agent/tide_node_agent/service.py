@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import structlog
@@ -20,6 +21,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, publish
+from tide.core.lifecycle import start_refusal
 from tide.core.mig import profiles_for
 from tide.runtime import every
 from tide.schemas.events import (
@@ -36,6 +38,7 @@ from tide.schemas.events import (
     StartPod,
     StopPod,
     Telemetry,
+    parse_agent_pod_id,
 )
 from tide.schemas.node import MigInstanceDescription, NodeDescription, default_h100_node, load_node_file
 from tide.settings import Settings
@@ -58,6 +61,8 @@ from tide_node_agent.runtime import (
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.node_agent")
 MIB = 1024 * 1024
+FENCE_MEMORY = 10_000
+"""jobs whose fencing floor the agent remembers (oldest forgotten first)"""
 
 
 def make_backend(settings: Settings) -> GpuBackend:
@@ -113,6 +118,9 @@ class NodeAgent:
         self.runtime = make_runtime(settings.runtime, settings.runtime_command, settings.runtime_image)
         self.pods: dict[str, PodProcess] = {}
         self.state: dict[str, PodState] = {}
+        # fencing: job -> the lowest attempt that may still start here (an attempt seen started, or one
+        # past an attempt told to stop); a start request with an older token is refused
+        self.floor: OrderedDict[str, int] = OrderedDict()
         self.node = self.inventory()
         self.node_id = self.node.node_id
         self.work_dir = settings.work_dir / self.node_id
@@ -246,7 +254,8 @@ class NodeAgent:
             gpus, pods = self.telemetry(now)
         telemetry = Telemetry(node_id=self.node_id, running_pods=len(self.pods), gpus=gpus, pods=pods,
                               seq=self.seq, heartbeat_s=self.settings.heartbeat_s)
-        await self.nc.publish(subjects.telemetry(self.node_id), telemetry.to_bytes())
+        await self.nc.publish(subjects.telemetry(self.node_id), telemetry.to_bytes(),
+                              headers={subjects.PODS_HEADER: ",".join(sorted(self.pods))})
         if now - self._last_inventory >= self.settings.inventory_s:
             self._last_inventory = now
             await self._check_inventory()
@@ -290,10 +299,26 @@ class NodeAgent:
                 limit += gpu.memory_mib * MIB
         return limit, share
 
+    def _raise_floor(self, job_id: str, attempt: int) -> None:
+        self.floor[job_id] = max(self.floor.get(job_id, 0), attempt)
+        self.floor.move_to_end(job_id)
+        while len(self.floor) > FENCE_MEMORY:
+            self.floor.popitem(last=False)
+
     async def _start(self, cmd: StartPod) -> CommandAck:
         key = f"{cmd.job_id}/{cmd.pod}"
         if key in self.pods:
             return CommandAck(ok=True)
+        _, attempt = parse_agent_pod_id(cmd.pod)
+        refusal = start_refusal(attempt, self.floor.get(cmd.job_id, 0), cmd.expires_at, time.time())
+        if refusal:
+            self._log.warning("start_refused", job_id=cmd.job_id, pod=cmd.pod, reason=refusal)
+            return CommandAck(ok=False, error=refusal)
+        self._raise_floor(cmd.job_id, attempt)
+        for old in list(self.pods.values()):  # a newer token: whatever older attempt runs here is stale
+            if old.cmd.job_id == cmd.job_id and parse_agent_pod_id(old.cmd.pod)[1] < attempt:
+                self._log.warning("stale_pod_stopping", job_id=cmd.job_id, pod=old.cmd.pod, newer=cmd.pod)
+                asyncio.get_running_loop().create_task(old.stop(0.0))
         known = {g.index for g in self.node.gpus}
         if any(g.index not in known for g in cmd.gpus):
             return CommandAck(ok=False, error=f"unknown GPU index in {[g.index for g in cmd.gpus]}")
@@ -336,6 +361,8 @@ class NodeAgent:
         return CommandAck(ok=True)
 
     async def _stop(self, cmd: StopPod) -> CommandAck:
+        # the attempt is over on this node: a start of it that arrives late (after a stall) is refused
+        self._raise_floor(cmd.job_id, parse_agent_pod_id(cmd.pod)[1] + 1)
         pod = self.pods.get(f"{cmd.job_id}/{cmd.pod}")
         if pod is None:
             # Not running here (finished already, or never started): say so, so the placer converges.

@@ -31,7 +31,7 @@ from tide.core.job_placement import (
     PodPlacement,
     claim_items,
 )
-from tide.core.lifecycle import mark_pod_exited, mark_pod_started
+from tide.core.lifecycle import accepts_exit, mark_pod_exited, mark_pod_started, pod_is_current
 from tide.core.queue_order import pending_score
 from tide.core.queues import (
     QueueTree,
@@ -71,6 +71,10 @@ log = structlog.get_logger()
 tracer = trace.get_tracer("tide.placer")
 PLACEABLE = (JobState.PENDING, JobState.UNSCHEDULABLE)
 LOST_CHECK_EVERY_S = 1.0
+FENCE_SWEEP_S = 5.0
+"""every pod every agent reports is checked against its job's current attempt at least this often"""
+FENCE_RESEND_S = 5.0
+"""a stop for a stale pod is sent again after this long if the agent still reports it"""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,12 @@ class PlacerService:
         self._cycle_lock = asyncio.Lock()
         self._lost_checked_at = 0.0
         self._starting: set[asyncio.Task[None]] = set()  # reserved gangs being started and committed
+        # fencing: what each agent's last heartbeat says it runs ('<job>/<pod>.a<attempt>'), the nodes
+        # whose report changed since it was checked, and when a stale pod was last told to stop
+        self.reported: dict[str, frozenset[str]] = {}
+        self._fence_dirty: set[str] = set()
+        self._fence_swept_at = 0.0
+        self._fence_sent: dict[str, float] = {}
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
 
@@ -129,6 +139,12 @@ class PlacerService:
         node_id = msg.subject.removeprefix(subjects.telemetry(""))
         if node_id and "." not in node_id:
             self.last_seen[node_id] = time.time()
+            header = (msg.headers or {}).get(subjects.PODS_HEADER)
+            if header is not None:
+                pods = frozenset(p for p in header.split(",") if p)
+                if pods != self.reported.get(node_id):
+                    self.reported[node_id] = pods
+                    self._fence_dirty.add(node_id)
 
     async def _cycle_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -157,6 +173,7 @@ class PlacerService:
             if record is not None and record.reservation == resv:
                 await self._rollback(job_id, int(attempt), "gang reservation lapsed before every pod started")
         await self._detect_lost_nodes()
+        await self._fence_reported()
 
     async def queue_config(self) -> tuple[QueueTree, list[TideRule]]:
         raw = await self.redis.get(keys.QUEUE_CONFIG)
@@ -418,7 +435,12 @@ class PlacerService:
             log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements))
 
     async def _send(self, node_id: str, command: StartPod | StopPod) -> str:
-        """Send a command to a node agent; returns '' on acknowledgement, else the error."""
+        """Send a command to a node agent; returns '' on acknowledgement, else the error.
+
+        A start carries its deadline: an agent that gets it after the placer stopped waiting (a stalled
+        agent, a slow network) refuses it, since the attempt is being rolled back."""
+        if isinstance(command, StartPod):
+            command = command.model_copy(update={"expires_at": time.time() + self.settings.start_ack_timeout_s})
         try:
             reply = await self.nc.request(
                 subjects.node_cmd(node_id), command.to_bytes(), timeout=self.settings.start_ack_timeout_s
@@ -428,6 +450,13 @@ class PlacerService:
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             return f"no acknowledgement ({type(exc).__name__})"
 
+    async def _tell(self, node_id: str, command: StopPod) -> None:
+        """Send a command without waiting for an answer (to an agent that may be stalled or gone)."""
+        try:
+            await self.nc.publish(subjects.node_cmd(node_id), command.to_bytes())
+        except Exception as exc:  # noqa: BLE001 - best effort: the heartbeat fencing catches what this misses
+            log.warning("command_not_sent", job_id=command.job_id, node_id=node_id, error=repr(exc))
+
     async def _rollback(self, job_id: str, attempt: int, why: str, bad_nodes: list[str] | None = None) -> None:
         """Undo an attempt whole: stop its live pods, release every claim, requeue with backoff."""
         record = await self.jobs.get(job_id)
@@ -435,12 +464,16 @@ class PlacerService:
             return
         log.warning("job_rollback", job_id=job_id, attempt=attempt, reason=why, bad_nodes=bad_nodes or [])
         skip = set(bad_nodes or [])
+        live = [pod for pod in record.pods if pod.node and pod.state not in POD_DONE_STATES]
         await asyncio.gather(*[
-            self._send(pod.node, StopPod(job_id=job_id, pod=agent_pod_id(pod.name, attempt), grace_s=0,
-                                         reason="rollback"))
-            for pod in record.pods
-            if pod.node and pod.node not in skip and pod.state not in POD_DONE_STATES
+            self._send(pod.node or "", StopPod(job_id=job_id, pod=agent_pod_id(pod.name, attempt), grace_s=0,
+                                               reason="rollback"))
+            for pod in live if pod.node not in skip
         ])
+        for pod in live:  # a node that did not answer may only be stalled: it must not run the attempt later
+            if pod.node in skip:
+                await self._tell(pod.node or "", StopPod(job_id=job_id, pod=agent_pod_id(pod.name, attempt),
+                                                         grace_s=0, reason="rollback"))
         await self.claims.release([keys.claim(job_id, p.name) for p in record.pods], record.reservation or "")
         backoff = self.settings.requeue_backoff_s * 2 ** min(attempt - 1, 6)
 
@@ -535,6 +568,9 @@ class PlacerService:
                 await self._pod_exited(PodExited(
                     node_id=node.node_id, job_id=job_id, pod=agent_pod_id(pod, attempt), exit_code=None,
                     reason=ExitReason.LOST, message="node agent restarted without it"))
+        # ... and pods the agent runs that are not the current attempt of their job are stopped.
+        self.reported[node.node_id] = frozenset(running)
+        await self._fence_node(node.node_id, running, fresh=True)
         self._kick.set()
 
     async def _pods_on(self, node_id: str) -> list[tuple[str, str, int]]:
@@ -568,6 +604,50 @@ class PlacerService:
                     node_id=node_id, job_id=job_id, pod=agent_pod_id(pod, attempt), exit_code=None,
                     reason=ExitReason.LOST, message=f"node {node_id} lost (no heartbeat for {window:.0f}s)"))
 
+    # ------------------------------------------------------------ fencing
+    async def _fence_reported(self) -> None:
+        """Stop every pod an agent reports that is not its job's current attempt (reverse reconciliation):
+        the nodes whose report changed, and every node each ``FENCE_SWEEP_S``."""
+        now = time.monotonic()
+        if now - self._fence_swept_at >= FENCE_SWEEP_S:
+            self._fence_swept_at = now
+            nodes = set(self.reported)
+        else:
+            nodes = self._fence_dirty & set(self.reported)
+        self._fence_dirty -= nodes
+        for node_id in sorted(nodes):
+            await self._fence_node(node_id, self.reported[node_id])
+
+    async def _fence_node(self, node_id: str, pods: frozenset[str] | set[str], fresh: bool = False) -> list[str]:
+        """Stop the stale pods among ``pods`` (as an agent reports them) on a node; returns their keys.
+
+        The view's copy of a record may be out of date, so a pod it calls stale is judged again on the
+        record in Redis before it is stopped."""
+        stale = []
+        for key in sorted(pods):
+            job_id, _, agent_pod = key.partition("/")
+            pod, attempt = parse_agent_pod_id(agent_pod)
+            record = None if fresh else self.view.record(job_id)
+            if record is not None and pod_is_current(record, pod, attempt, node_id):
+                continue
+            record = await self.jobs.get(job_id)
+            if pod_is_current(record, pod, attempt, node_id):
+                continue
+            stale.append(key)
+            now = time.monotonic()
+            if now - self._fence_sent.get(key, -FENCE_RESEND_S) < FENCE_RESEND_S:
+                continue
+            self._fence_sent[key] = now
+            current = record.attempts if record else None
+            log.warning("stale_pod_stopped", job_id=job_id, node_id=node_id, pod=agent_pod, attempt=attempt,
+                        current_attempt=current)
+            await self._tell(node_id, StopPod(job_id=job_id, pod=agent_pod, grace_s=0,
+                                              reason=f"stale attempt {attempt} (current: {current})"))
+        if len(self._fence_sent) > 10_000:
+            cutoff = time.monotonic() - FENCE_RESEND_S
+            self._fence_sent = {k: t for k, t in self._fence_sent.items() if t > cutoff}
+        return stale
+
     async def _pod_started(self, started: PodStarted) -> None:
         pod, attempt = parse_agent_pod_id(started.pod)
         turned: list[bool] = []
@@ -579,7 +659,8 @@ class PlacerService:
             return True
 
         record = await self._update(started.job_id, change)
-        if record is None:
+        if record is None:  # an attempt that is over (rolled back, requeued): that pod must not run
+            await self._fence_node(started.node_id, {f"{started.job_id}/{started.pod}"}, fresh=True)
             return
         await publish_job_event(self.js, record, "pod-started", pod=pod, node=started.node_id,
                                 state=record.state, reason="")
@@ -590,8 +671,9 @@ class PlacerService:
     async def _pod_exited(self, exited: PodExited) -> None:
         pod, attempt = parse_agent_pod_id(exited.pod)
         record = await self.jobs.get(exited.job_id)
-        if record is None or record.attempts != attempt:
-            return  # a pod of an attempt already rolled back: its claims went with it
+        if not accepts_exit(record, pod, attempt, exited.node_id):
+            return  # not the current token (an attempt rolled back, a pod already counted): changes nothing
+        assert record is not None
         if exited.reason == ExitReason.LOST and not record.cancel_requested and record.state not in TERMINAL_STATES:
             await self._rollback(exited.job_id, attempt, f"pod {pod} lost: {exited.message}", [exited.node_id])
             return
@@ -600,7 +682,7 @@ class PlacerService:
         named = exited.model_copy(update={"pod": pod})
 
         def change(r: JobRecord) -> bool:
-            if r.attempts != attempt:
+            if not accepts_exit(r, pod, attempt, exited.node_id):
                 return False
             if exited.checkpointed:
                 r.last_checkpoint_at = exited.ts

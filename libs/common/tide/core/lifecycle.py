@@ -59,3 +59,38 @@ def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | No
         record.finished_at = time.time()
         return JobState.SUCCEEDED, []
     return None, []
+
+
+# ---------------------------------------------------------------- fencing
+# A pod attempt's fencing token is the job's attempt number (``JobRecord.attempts``, kept in Redis and
+# only ever increased by a reservation). Agents know a pod as ``<pod>.a<attempt>``; the decisions below
+# say whether a pod an agent reports (or an exit it sends) belongs to the job's current attempt.
+
+
+def pod_is_current(record: JobRecord | None, pod: str, attempt: int, node: str) -> bool:
+    """True when ``pod`` of attempt ``attempt`` on ``node`` is the live pod the job's record holds.
+
+    Anything else an agent runs is stale: an attempt rolled back or requeued (the token moved on), a pod
+    the record already counts as exited, a pod on a node the record does not place it on, or a pod of a
+    job that does not exist.
+    """
+    if record is None or record.attempts != attempt:
+        return False
+    p = next((p for p in record.pods if p.name == pod), None)
+    return p is not None and p.node == node and p.state not in POD_DONE_STATES
+
+
+def accepts_exit(record: JobRecord | None, pod: str, attempt: int, node: str) -> bool:
+    """An exit counts only for the current token: the job's attempt, the pod's node, a pod not yet done."""
+    return pod_is_current(record, pod, attempt, node)
+
+
+def start_refusal(attempt: int, floor: int, expires_at: float | None, now: float) -> str:
+    """Why an agent must not run a start request ('' when it may): an older token than one it has seen
+    (``floor``: the lowest attempt of the job that may still start on this node), or a request older
+    than its acknowledgement window (the placer has given up on it and rolled the attempt back)."""
+    if attempt < floor:
+        return f"stale start: attempt {attempt} is older than attempt {floor} seen on this node"
+    if expires_at is not None and now > expires_at:
+        return f"stale start: the request expired {now - expires_at:.1f}s ago (the placer gave up on it)"
+    return ""

@@ -200,6 +200,8 @@ class StartPod(Message):
     share_memory_mib: int | None = None
     cpu_milli: int = 0
     memory_mib: int = 0
+    expires_at: float | None = Field(
+        default=None, description="wall time after which the agent must not start it (the placer gave up)")
 
 
 class StopPod(Message):

@@ -1,0 +1,46 @@
+"""The agent's side of fencing: it refuses start requests with an old token or past their deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tide.schemas.events import ExitReason, StartPod, StopPod
+
+from tests.helpers import py
+from tests.node_agent.conftest import AgentFactory
+
+SLEEP = py("import time; time.sleep(30)")
+
+
+def start(pod: str, **kw: object) -> StartPod:
+    return StartPod(job_id="j", pod=pod, pod_index=0, world_size=1, command=SLEEP, **kw)
+
+
+async def test_a_start_past_its_deadline_is_refused(make_agent: AgentFactory) -> None:
+    agent = make_agent()
+    ack = await agent._start(start("j-0.a1", expires_at=time.time() - 3))
+    assert not ack.ok and "expired" in ack.error
+    assert not agent.pods
+
+
+async def test_a_start_of_an_attempt_told_to_stop_is_refused(make_agent: AgentFactory) -> None:
+    """A stall can deliver the rollback's stop before (or without) the start: the start must not run later."""
+    agent = make_agent()
+    assert (await agent._stop(StopPod(job_id="j", pod="j-0.a1", grace_s=0))).ok
+    ack = await agent._start(start("j-0.a1"))
+    assert not ack.ok and "stale" in ack.error and not agent.pods
+    assert (await agent._start(start("j-0.a2"))).ok
+
+
+async def test_a_newer_attempt_stops_an_older_one_and_the_older_cannot_start_again(make_agent: AgentFactory) -> None:
+    agent = make_agent()
+    assert (await agent._start(start("j-0.a1"))).ok
+    assert (await agent._start(start("j-1.a2"))).ok
+    exited = await agent.exited("j-0.a1")
+    assert exited.reason == ExitReason.STOPPED
+    ack = await agent._start(start("j-1.a1"))
+    assert not ack.ok and "older than attempt 2" in ack.error
+    assert set(agent.pods) == {"j/j-1.a2"}
+    await agent.pods["j/j-1.a2"].stop(0)
+    await asyncio.sleep(0)
