@@ -3,7 +3,7 @@
     python bench/frag_diagnose.py --policy tide --trace default --seed 42
 
 Replays one openb trace exactly as ``tide.sim.simulator.simulate`` does (same workload inflation,
-shuffle and placer) and stops at the 100% arrived mark. Prints:
+shuffle, node order and placer) and stops at the 100% arrived mark. Prints:
 
 - idle milli-GPU split into: whole idle GPUs on nodes whose free CPU (or memory) is too small for any
   typical GPU pod; whole idle GPUs elsewhere; slivers (partially used GPUs) by free milli-GPU bucket;
@@ -28,7 +28,7 @@ from tide.core.model import MILLI, Allocation, PodRequest
 from tide.core.placer import Placer
 from tide.core.plugins.tide_frag import TideFragScore
 from tide.sim.openb import load_nodes, load_pods
-from tide.sim.simulator import inflate_workload
+from tide.sim.simulator import inflate_workload, simulated_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_sweep import TRACE_DIR  # noqa: E402
@@ -67,7 +67,7 @@ def main() -> int:
     weights = {k: float(v) for k, v in (p.split("=") for p in args.weights.split(",") if p)}
     nodes = load_nodes(TRACE_DIR / "openb_node_list_gpu_node.csv")
     requests = [p.request for p in load_pods(TRACE_DIR / f"openb_pod_list_{args.trace}.csv")]
-    cluster = Cluster.from_descriptions(nodes)
+    cluster = simulated_cluster(nodes, args.seed)
     cap = cluster.gpu_capacity_milli
     rng = np.random.default_rng(args.seed)
     typical = TypicalPods.from_requests(requests)

@@ -1,6 +1,9 @@
 """Sweep policies x openb traces x seeds through the simulator; prints JSON and a summary line.
 
     python bench/sim_sweep.py --policies bestfit,fgd,tide --seeds 42-51 --out bench/results/sweep.json
+
+A trace is a shipped file's name (``cpu200``) or a generated CPU-heavier variant (``cpu300-gen1``, see
+``tide.sim.openb_variants``).
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-from tide.sim.openb import load_nodes, load_pods
+from tide.sim.openb import load_nodes
+from tide.sim.openb_variants import load_trace
 from tide.sim.simulator import simulate
 
 TRACES = ["default", "gpushare40", "gpushare60", "multigpu20", "multigpu30", "multigpu40", "gpuspec10",
-          "gpuspec20", "gpuspec25", "cpu050", "cpu100"]
+          "gpuspec20", "gpuspec25", "cpu050", "cpu100", "cpu200"]
 TRACE_DIR = Path("/work/shared/traces/openb")
 
 
@@ -39,7 +43,7 @@ def main() -> int:
     rows: list[dict] = []
     t0 = time.perf_counter()
     for trace in args.traces.split(","):
-        requests = [p.request for p in load_pods(Path(args.trace_dir) / f"openb_pod_list_{trace}.csv")]
+        requests = [p.request for p in load_trace(trace, args.trace_dir)]
         for policy in args.policies.split(","):
             for seed in seeds_arg(args.seeds):
                 r = simulate(nodes, requests, policy, seed=seed, trace=trace)

@@ -14,7 +14,10 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trace_format", required=True)
     p = sub.add_parser("openb", help="replay an openb (Alibaba GPU v2023) trace")
     p.add_argument("--nodes", default=DEFAULT_NODES, help="node list CSV")
-    p.add_argument("--pods", required=True, help="pod list CSV")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--pods", help="pod list CSV")
+    src.add_argument("--trace", help="openb trace by name, next to the node list: a shipped file (cpu200) or a "
+                                     "generated CPU-heavier variant (cpu300-gen1: 30%% CPU-only pods, seed 1)")
     p.add_argument("--policy", action="append", help="policy name (repeatable; 'default' = live default)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--inflate", type=float, default=1.3, help="total GPU request / capacity (default 1.3)")
@@ -51,6 +54,7 @@ def add_sim_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
 def run_sim(args: argparse.Namespace) -> int:
     from tide.core.placer import DEFAULT_POLICY, POLICIES
     from tide.sim.openb import load_nodes, load_pods
+    from tide.sim.openb_variants import load_trace
     from tide.sim.simulator import simulate
 
     policies = [DEFAULT_POLICY if p == "default" else p for p in (args.policy or ["default"])]
@@ -59,8 +63,12 @@ def run_sim(args: argparse.Namespace) -> int:
             print(f"unknown policy {p!r}; known: default, {', '.join(POLICIES)}", file=sys.stderr)
             return 2
     nodes = load_nodes(args.nodes)
-    requests = [p.request for p in load_pods(args.pods)]
-    trace = Path(args.pods).stem.removeprefix("openb_pod_list_")
+    if args.trace:
+        trace = args.trace
+        requests = [p.request for p in load_trace(trace, Path(args.nodes).parent)]
+    else:
+        trace = Path(args.pods).stem.removeprefix("openb_pod_list_")
+        requests = [p.request for p in load_pods(args.pods)]
     results = []
     for policy in policies:
         if args.no_progress or not sys.stderr.isatty():
