@@ -57,6 +57,8 @@ def test_failed_job_exits_1_and_cancel_and_nodes(stack: Stack, tmp_path: Path) -
     assert out.returncode == 1 and "exited with code 5" in out.stdout
     nodes = json.loads(tide(stack.home, "nodes", "--json").stdout)
     assert sorted(n["node_id"] for n in nodes) == ["node-0", "node-1"]
+    table = tide(stack.home, "nodes").stdout.splitlines()
+    assert "LOST" in table[0].split() and all(line.split()[-3] == "no" for line in table[1:]), table
     assert tide(stack.home, "status", "no-such-job").returncode == 1
     assert tide(stack.home, "cancel", "no-such-job").returncode == 1
 

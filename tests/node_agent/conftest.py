@@ -19,6 +19,11 @@ from tide_node_agent.service import NodeAgent
 
 
 class FakeNats:
+    is_connected = True
+
+    async def flush(self, timeout: float = 10) -> None:
+        return None
+
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []
         self.headers: list[dict[str, str] | None] = []

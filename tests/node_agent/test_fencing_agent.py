@@ -44,3 +44,20 @@ async def test_a_newer_attempt_stops_an_older_one_and_the_older_cannot_start_aga
     assert set(agent.pods) == {"j/j-1.a2"}
     await agent.pods["j/j-1.a2"].stop(0)
     await asyncio.sleep(0)
+
+
+async def test_an_agent_unreached_for_its_lease_stops_its_pods_and_takes_none(make_agent: AgentFactory) -> None:
+    agent = make_agent(node_lease_s=0.3, fence_grace_s=0.5, heartbeat_s=0.1)
+    assert (await agent._start(start("j-0.a1"))).ok
+    agent.nc.is_connected = False  # NATS away: the PINGs go unanswered
+    await agent._heartbeat()
+    assert "j/j-0.a1" in agent.pods  # still within the lease
+    await asyncio.sleep(0.4)
+    await agent._heartbeat()
+    assert (await agent.exited("j-0.a1")).reason == ExitReason.STOPPED
+    ack = await agent._start(start("j-0.a2"))
+    assert not ack.ok and "lease expired" in ack.error
+    agent.nc.is_connected = True  # back: the lease is renewed by the next heartbeat
+    await agent._heartbeat()
+    assert (await agent._start(start("j-0.a2"))).ok
+    await agent.pods["j/j-0.a2"].stop(0)

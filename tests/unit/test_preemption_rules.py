@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tide.core import Cluster, Placer
 from tide.core.cycle import CycleState, Plan, plan_cycle
 from tide.core.job_placement import place_job
 from tide.core.model import MILLI, Allocation
 from tide.core.queues import QueueTree
 from tide.schemas.events import JobRecord, JobState, PodRecord
-from tide.schemas.job import JobSpec
+from tide.schemas.job import PRIORITY_VALUES, JobSpec
 from tide.schemas.node import NodeDescription
 
 from tests.helpers import small_node
@@ -313,3 +315,59 @@ def test_queue_priority_orders_siblings_after_guarantees() -> None:
         drive.submit(spec("high", 1, "high"))
     plan = drive.cycle()
     assert sorted(b.record.spec.metadata.queue for b in plan.binds) == ["high", "high"]
+
+
+@st.composite
+def crowded_trees(draw: st.DrawFn) -> tuple[dict, list[int], list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+    """A random queue tree (a parent with children, and top-level queues), nodes, running and pending jobs."""
+    leaves = []
+    top = []
+    for i in range(draw(st.integers(2, 4))):
+        entry: dict = {"name": f"q{i}", "weight": draw(st.sampled_from([1, 2, 3]))}
+        if draw(st.booleans()):
+            entry["guarantee"] = {"gpu": draw(st.integers(1, 6))}
+        if draw(st.integers(0, 3)) == 0:
+            entry["limit"] = {"gpu": draw(st.integers(max(entry.get("guarantee", {}).get("gpu", 0), 2), 12))}
+        if i == 0 and draw(st.booleans()):
+            entry["children"] = [{"name": "x", "weight": draw(st.sampled_from([1, 2]))}, {"name": "y"}]
+            leaves += ["q0/x", "q0/y"]
+        else:
+            leaves.append(f"q{i}")
+        top.append(entry)
+    config = {"queues": top, "fairSharing": {"enabled": draw(st.booleans()), "threshold": 0.05}}
+    nodes = draw(st.lists(st.sampled_from([4, 8]), min_size=1, max_size=3))
+    priorities = ["best-effort", "offline-training", "online-serving"]
+    job = st.tuples(st.sampled_from(leaves), st.sampled_from(priorities), st.sampled_from([1, 1, 2]))
+    running = draw(st.lists(st.tuples(st.sampled_from(leaves), st.sampled_from(priorities), st.just(1)),
+                            min_size=sum(nodes) // 2, max_size=sum(nodes)))
+    pending = draw(st.lists(job, min_size=1, max_size=10))
+    return config, nodes, running, pending
+
+
+@settings(max_examples=80, deadline=None)
+@given(crowded_trees())
+def test_no_cycle_evicts_more_than_its_preemptors_need_and_no_two_queues_take_turns(case: tuple) -> None:
+    config, sizes, running, pending = case
+    drive = Drive([small_node(f"n{i}", gpus=g) for i, g in enumerate(sizes)], QueueTree.from_config(config))
+    for queue, priority, gpus in running:
+        if drive.cluster.milli_free.sum() >= MILLI * gpus:
+            drive.run(spec("r", gpus, queue, priority))
+    for queue, priority, gpus in pending:
+        drive.submit(spec("p", gpus, queue, priority))
+    took_from: dict[str, tuple[set[str], int]] = {}  # preemptor -> (queues it took from, its priority)
+    for _ in range(10):
+        before = dict(drive.running)
+        plan = drive.cycle()
+        evicted = sum(before[p.job_id][0].spec.spec.template.resources.gpu for p in plan.preemptions)
+        needed = sum(drive.pending[j].spec.spec.template.resources.gpu for j in plan.nominations)
+        assert evicted <= 1.1 * needed, plan
+        for p in plan.preemptions:
+            victim = before[p.job_id][0]
+            preemptor = drive.pending[p.by]
+            value = PRIORITY_VALUES[preemptor.spec.metadata.priority_class]
+            queues, _ = took_from.get(victim.job_id, (set(), 0))
+            # the victim got in by evicting from the preemptor's queue: only a higher class may take it back
+            if preemptor.spec.metadata.queue in queues:
+                assert value > took_from[victim.job_id][1], (p, took_from)
+            took_from.setdefault(p.by, (set(), value))[0].add(victim.spec.metadata.queue)
+    assert all(not p.preemptions for p in drive.plans[-2:])

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     cpu_pinning: bool = Field(default=True, description="pin pods to the CPUs of their GPUs' NUMA node")
     mps_dir: Path | None = Field(default=None, description="MPS pipe/log dirs (default <work_dir>/<node>/mps)")
     mig_auto_enable: bool = Field(default=True, description="may switch an idle GPU to MIG mode (if no reset)")
+    node_lease_s: float = Field(
+        default=20.0, description="an agent that has not reached NATS for this long stops its pods (self-fencing)")
+    fence_grace_s: float = Field(default=5.0, description="self-fencing: SIGTERM, this long, then SIGKILL")
 
     # placer
     placer_tick_s: float = 1.0

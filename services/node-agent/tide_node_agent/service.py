@@ -130,6 +130,8 @@ class NodeAgent:
         self._last_telemetry = 0.0
         self._last_inventory = time.monotonic()
         self._last_beat = time.monotonic()
+        self._last_contact = time.monotonic()  # the last time NATS answered (the node lease's renewal)
+        self._fenced = False  # the lease ran out and the pods were stopped; cleared by the next contact
         self._log = log.bind(node_id=self.node_id)
 
     # ------------------------------------------------------------ inventory
@@ -156,7 +158,10 @@ class NodeAgent:
             await self._register()
 
     async def _register(self) -> None:
-        await self._status(NodeRegistered(node=self.node, running_pods=sorted(self.pods)))
+        await self._status(NodeRegistered(node=self.node, running_pods=sorted(self.pods),
+                                          lease_s=self.settings.node_lease_s,
+                                          fence_grace_s=self.settings.fence_grace_s,
+                                          heartbeat_s=self.settings.heartbeat_s))
 
     # ------------------------------------------------------------ service
     async def start(self) -> None:
@@ -243,8 +248,37 @@ class NodeAgent:
                 self._log.warning("gpu_xid", gpu=sample.index, xids=sample.xid_errors)
         return samples, usage
 
+    # ------------------------------------------------------------ node lease (self-fencing)
+    def lease_expired(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return now - self._last_contact > self.settings.node_lease_s
+
+    def _check_lease(self, now: float | None = None) -> None:
+        """Unreached for the lease time: the placer will reschedule these pods elsewhere, so stop them
+        (SIGTERM, ``TIDE_FENCE_GRACE_S``, SIGKILL) before it does. Their exits go out once NATS is back."""
+        if not self.lease_expired(now) or self._fenced:
+            return
+        self._fenced = True
+        if self.pods:
+            self._log.warning("self_fencing", pods=sorted(self.pods),
+                              unreached_s=round(time.monotonic() - self._last_contact, 1))
+        for pod in list(self.pods.values()):
+            asyncio.get_running_loop().create_task(pod.stop(self.settings.fence_grace_s))
+
+    async def _renew(self) -> None:
+        """The lease is renewed by a round trip to NATS (a PING answered by the server)."""
+        if not self.nc.is_connected:
+            return
+        try:
+            await self.nc.flush(timeout=max(1, int(self.settings.heartbeat_s)))
+        except Exception:  # noqa: BLE001 - unreachable: the lease runs down
+            return
+        self._last_contact = time.monotonic()
+        self._fenced = False
+
     async def _heartbeat(self) -> None:
         now = time.monotonic()
+        self._check_lease(now)  # first: after a stall the last contact is old, whatever happens next
         self.seq += 1
         self._last_beat = now
         self.poll_memory()
@@ -256,6 +290,7 @@ class NodeAgent:
                               seq=self.seq, heartbeat_s=self.settings.heartbeat_s)
         await self.nc.publish(subjects.telemetry(self.node_id), telemetry.to_bytes(),
                               headers={subjects.PODS_HEADER: ",".join(sorted(self.pods))})
+        await self._renew()
         if now - self._last_inventory >= self.settings.inventory_s:
             self._last_inventory = now
             await self._check_inventory()
@@ -264,6 +299,7 @@ class NodeAgent:
     async def _on_command(self, msg: Msg) -> None:
         try:
             command = NODE_COMMAND.validate_json(msg.data)
+            self._check_lease()
             with job_span(tracer, f"agent.{command.kind}", command.job_id, node=self.node_id, pod=command.pod):
                 if isinstance(command, StartPod):
                     ack = await self._start(command)
@@ -309,6 +345,9 @@ class NodeAgent:
         key = f"{cmd.job_id}/{cmd.pod}"
         if key in self.pods:
             return CommandAck(ok=True)
+        if self._fenced:
+            return CommandAck(ok=False, error="node lease expired: the agent fenced itself (no pods until "
+                                               "it reaches NATS again)")
         _, attempt = parse_agent_pod_id(cmd.pod)
         refusal = start_refusal(attempt, self.floor.get(cmd.job_id, 0), cmd.expires_at, time.time())
         if refusal:

@@ -103,6 +103,11 @@ class PlacerService:
         self._fence_dirty: set[str] = set()
         self._fence_swept_at = 0.0
         self._fence_sent: dict[str, float] = {}
+        # node leases: what each agent registered (lease, fence grace, heartbeat), the lost nodes whose pods
+        # were already rescheduled, and whether this placer has been cut off from NATS (then it heard no one)
+        self.leases: dict[str, dict[str, float]] = {}
+        self._rescheduled: set[str] = set()
+        self._deaf = False
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
 
@@ -114,6 +119,11 @@ class PlacerService:
         self.jobs = JobStore(self.redis)
         self.claims = ClaimStore(self.redis)
         self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)
+        for node_id, raw in (await self.redis.hgetall(keys.NODE_LEASES)).items():
+            try:
+                self.leases[node_id] = {k: float(v) for k, v in json.loads(raw).items()}
+            except (ValueError, TypeError, AttributeError):
+                log.warning("bad_node_lease", node_id=node_id)
         await self.nc.subscribe(subjects.PLACER_KICK, cb=self._on_kick)
         await self.nc.subscribe(subjects.API_NODES, cb=self._api_nodes)
         await self.nc.subscribe(subjects.TELEMETRY_ALL, cb=self._on_telemetry)
@@ -558,8 +568,13 @@ class PlacerService:
         node = reg.node
         await self.claims.set_capacity(node)
         self.view.invalidate()
-        await self.redis.srem(keys.LOST_NODES, node.node_id)
+        was_lost = bool(await self.redis.srem(keys.LOST_NODES, node.node_id))
+        self._rescheduled.discard(node.node_id)
         self.last_seen[node.node_id] = time.time()
+        lease = {k: v for k, v in (("lease_s", reg.lease_s), ("fence_grace_s", reg.fence_grace_s),
+                                   ("heartbeat_s", reg.heartbeat_s)) if v is not None}
+        self.leases[node.node_id] = lease
+        await self.redis.hset(keys.NODE_LEASES, node.node_id, json.dumps(lease))
         log.info("node_registered", node_id=node.node_id, gpus=len(node.gpus), running=len(reg.running_pods))
         # Pods we placed on this node that the (restarted) agent no longer runs are lost.
         running = set(reg.running_pods)
@@ -570,7 +585,8 @@ class PlacerService:
                     reason=ExitReason.LOST, message="node agent restarted without it"))
         # ... and pods the agent runs that are not the current attempt of their job are stopped.
         self.reported[node.node_id] = frozenset(running)
-        await self._fence_node(node.node_id, running, fresh=True)
+        if await self._fence_node(node.node_id, running, fresh=True) and was_lost:
+            await self.redis.sadd(keys.LOST_NODES, node.node_id)  # back once its heartbeats show it fenced
         self._kick.set()
 
     async def _pods_on(self, node_id: str) -> list[tuple[str, str, int]]:
@@ -586,23 +602,70 @@ class PlacerService:
                 out.append((job_id, pod, record.attempts))
         return out
 
+    def reschedule_after(self, node_id: str) -> float:
+        """Silence after which a lost node's pods are rescheduled: never before the agent has stopped them
+        itself (its lease, the fence grace and a heartbeat of slack for its lease check), and never before
+        the node counts as lost."""
+        lease = self.leases.get(node_id, {})
+        heartbeat = lease.get("heartbeat_s") or self.settings.heartbeat_s
+        fenced_by = ((lease.get("lease_s") or self.settings.node_lease_s)
+                     + (lease.get("fence_grace_s") or self.settings.fence_grace_s) + 2 * heartbeat)
+        return max(self.settings.node_lost_after_s, fenced_by)
+
     async def _detect_lost_nodes(self) -> None:
-        """A node whose heartbeats stopped is lost: its pods' jobs are requeued whole."""
+        """A node whose heartbeats stopped for ``TIDE_NODE_LOST_AFTER_S`` is lost (no new pods); once the
+        silence is past its lease + fence grace (the agent has stopped its pods itself) its pods' jobs are
+        requeued whole. A lost node that heartbeats again comes back once it runs no stale pod."""
         now = time.time()
         window = self.settings.node_lost_after_s
+        if not self.nc.is_connected:
+            self._deaf = True  # what this placer cannot hear says nothing about the nodes
+            return
+        if self._deaf:  # reconnected: every node gets a fresh window
+            self._deaf = False
+            log.info("placer_reconnected_windows_reset", nodes=len(self.last_seen))
+            for node_id in self.last_seen:
+                self.last_seen[node_id] = now
         if now - self.started_at < window or now - self._lost_checked_at < LOST_CHECK_EVERY_S:
             return
         self._lost_checked_at = now
+        lost = set(await self.redis.smembers(keys.LOST_NODES))
         for node_id in await self.redis.smembers(keys.NODES):
             seen = self.last_seen.setdefault(node_id, self.started_at)
-            if now - seen < window or await self.redis.sismember(keys.LOST_NODES, node_id):
+            silent = now - seen
+            if silent < window:
+                if node_id in lost:
+                    await self._node_back(node_id)
                 continue
-            log.warning("node_lost", node_id=node_id, silent_s=round(now - seen, 1))
-            await self.redis.sadd(keys.LOST_NODES, node_id)
-            for job_id, pod, attempt in await self._pods_on(node_id):
+            if node_id not in lost:
+                log.warning("node_lost", node_id=node_id, silent_s=round(silent, 1))
+                await self.redis.sadd(keys.LOST_NODES, node_id)
+                self.view.invalidate()
+            after = self.reschedule_after(node_id)
+            if silent < after or node_id in self._rescheduled:
+                continue
+            self._rescheduled.add(node_id)
+            pods = await self._pods_on(node_id)
+            log.warning("node_pods_rescheduled", node_id=node_id, silent_s=round(silent, 1), pods=len(pods))
+            for job_id, pod, attempt in pods:
                 await self._pod_exited(PodExited(
                     node_id=node_id, job_id=job_id, pod=agent_pod_id(pod, attempt), exit_code=None,
-                    reason=ExitReason.LOST, message=f"node {node_id} lost (no heartbeat for {window:.0f}s)"))
+                    reason=ExitReason.LOST,
+                    message=f"node {node_id} lost (no heartbeat for {silent:.0f}s, past its lease)"))
+
+    async def _node_back(self, node_id: str) -> None:
+        """A lost node heartbeats again: it takes pods again once it runs none that is stale (fenced)."""
+        reported = self.reported.get(node_id)
+        if reported is None:
+            return  # an agent without the pods header: only a registration brings it back
+        stale = await self._fence_node(node_id, reported, fresh=True)
+        if stale:
+            log.info("node_back_fencing", node_id=node_id, stale=stale)
+            return
+        await self.redis.srem(keys.LOST_NODES, node_id)
+        self._rescheduled.discard(node_id)
+        self.view.invalidate()
+        log.info("node_back", node_id=node_id)
 
     # ------------------------------------------------------------ fencing
     async def _fence_reported(self) -> None:

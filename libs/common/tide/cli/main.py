@@ -221,12 +221,12 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(nodes))
             return EXIT_OK
-        print(f"{'NODE':<20} {'POOL':<10} {'RACK':<8} {'GPUS':<6} {'USED':<6} {'MODELS':<20} SEEN")
+        print(f"{'NODE':<20} {'POOL':<10} {'RACK':<8} {'GPUS':<6} {'USED':<6} {'MODELS':<20} {'LOST':<5} SEEN")
         for n in nodes:
             used = n["gpus_used_milli"] / 1000
             seen = f"{n['last_seen_s']}s ago" if n["last_seen_s"] is not None else "-"
             print(f"{n['node_id']:<20} {n['labels'].get('pool', '-'):<10} {n['rack']:<8} {n['gpus']:<6} "
-                  f"{used:<6.2f} {','.join(n['gpu_models']):<20} {seen}")
+                  f"{used:<6.2f} {','.join(n['gpu_models']):<20} {'yes' if n.get('lost') else 'no':<5} {seen}")
         return EXIT_OK
 
     return asyncio.run(_with_client(args, go))

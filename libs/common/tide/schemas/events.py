@@ -137,6 +137,9 @@ class NodeRegistered(Message):
     kind: Literal["registered"] = "registered"
     node: NodeDescription
     running_pods: list[str] = Field(default_factory=list, description="'<job_id>/<pod>' the agent still runs")
+    lease_s: float | None = Field(default=None, description="the agent stops its pods after this long unreached")
+    fence_grace_s: float | None = Field(default=None, description="... with this grace (SIGTERM, then SIGKILL)")
+    heartbeat_s: float | None = Field(default=None, description="the agent's heartbeat interval")
 
 
 class PodStarted(Message):

@@ -185,6 +185,7 @@ class Stack:
                     "TIDE_NODE_ID": node_id,
                     "TIDE_NODE_FILE": str(node_file),
                     "TIDE_WORK_DIR": str(self.home / "agents"),
+                    **self.extra_env.get("agents", {}),  # every agent
                     **self.extra_env.get(f"agent-{node_id}", {}),
                 }
                 self._spawn(f"agent-{node_id}", [sys.executable, "-m", "tide_node_agent"], env)
