@@ -13,7 +13,8 @@ from tests.helpers import job, small_node
 
 async def test_killed_agent_loses_its_node_and_the_gang_is_requeued_whole(make_stack) -> None:
     stack = make_stack([small_node(f"n{i}", gpus=8) for i in range(3)], env={
-        "placer": {"TIDE_NODE_LOST_AFTER_S": "3"}, "agents": {"TIDE_NODE_LEASE_S": "2", "TIDE_FENCE_GRACE_S": "1"}})
+        "placer": {"TIDE_NODE_LOST_AFTER_S": "3"},
+        "agents": {"TIDE_NODE_LEASE_S": "2", "TIDE_FENCE_GRACE_S": "1", "TIDE_HEARTBEAT_S": "0.5"}})
     client = await TideClient.connect(stack.info.settings_for("admin"))
     try:
         spec = job("survivor", ["sleep", "2"], replicas=2, gpu=8)

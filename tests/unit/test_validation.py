@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tide.schemas.events import JobRejected, SubmitJob
 from tide_queue.validation import parse_submission
 
@@ -59,3 +61,14 @@ def test_payload_level_rejections_keep_the_job_id_hint() -> None:
 def test_unknown_schema_version_is_rejected_before_the_spec() -> None:
     result = parse({"schema_version": "2", "spec": "not even a spec"})
     assert isinstance(result, JobRejected) and result.field == "schema_version"
+
+
+def test_a_node_lease_shorter_than_two_heartbeats_is_refused() -> None:
+    """The lease is renewed on each heartbeat: a lease of one heartbeat fences a healthy agent."""
+    from pydantic import ValidationError
+
+    from tide.settings import Settings
+
+    with pytest.raises(ValidationError, match="TIDE_NODE_LEASE_S .* at least twice TIDE_HEARTBEAT_S"):
+        Settings(node_lease_s=2.0, heartbeat_s=2.0)
+    assert Settings(node_lease_s=2.0, heartbeat_s=0.5).node_lease_s == 2.0

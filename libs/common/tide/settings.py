@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -77,3 +77,11 @@ class Settings(BaseSettings):
     # queue
     max_payload_bytes: int = 64 * 1024
     queue_config: Path | None = Field(default=None, description="YAML/JSON queue tree loaded at start")
+
+    @model_validator(mode="after")
+    def _lease_outlives_heartbeats(self) -> Settings:
+        """The lease is renewed by each heartbeat: shorter than two of them, a healthy agent fences itself."""
+        if self.node_lease_s < 2 * self.heartbeat_s:
+            raise ValueError(f"TIDE_NODE_LEASE_S ({self.node_lease_s:g}) must be at least twice TIDE_HEARTBEAT_S "
+                             f"({self.heartbeat_s:g}): the node lease is renewed on each heartbeat")
+        return self
