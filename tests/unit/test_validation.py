@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from tide.schemas.events import JobRejected, SubmitJob
 from tide_queue.validation import parse_submission
 
@@ -66,7 +65,6 @@ def test_unknown_schema_version_is_rejected_before_the_spec() -> None:
 def test_a_node_lease_shorter_than_two_heartbeats_is_refused() -> None:
     """The lease is renewed on each heartbeat: a lease of one heartbeat fences a healthy agent."""
     from pydantic import ValidationError
-
     from tide.settings import Settings
 
     with pytest.raises(ValidationError, match="TIDE_NODE_LEASE_S .* at least twice TIDE_HEARTBEAT_S"):
