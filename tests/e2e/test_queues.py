@@ -109,6 +109,34 @@ async def test_online_serving_preempts_exactly_the_minimal_whole_gang(make_stack
         await client.close()
 
 
+async def test_online_serving_on_a_cluster_full_of_a_young_gang_starts_within_the_grace(make_stack,
+                                                                                       tmp_path: Path) -> None:
+    """Default minimum runtimes (no FAST_PREEMPTION): a training gang that just started protects itself
+    from reclaim, not from online serving, whose class preempts lower classes at once (issue 14, bug 6)."""
+    stack = make_stack([small_node("n0", gpus=8), small_node("n1", gpus=8)])
+    out = tmp_path / "marks"
+    out.mkdir()
+    client = await TideClient.connect(stack.info.settings_for("admin"))
+    try:
+        gang = in_queue(job("train", sigterm_pod(out), replicas=16, gpu=1), "default", grace=2.0)
+        assert (await client.submit(gang, job_id="train")).accepted
+        await client.wait("train", states={"running"}, timeout_s=30)
+        submitted = time.time()
+        serving = in_queue(job("serve", ["sleep", "1"], gpu=1), "default", priority="online-serving")
+        assert (await client.submit(serving, job_id="serve")).accepted
+        await client.wait("serve", states={"running", "succeeded"}, timeout_s=30)
+        waited = time.time() - submitted
+        assert waited < 30, waited
+        terms = sorted(p.name for p in out.iterdir() if "TERM" in p.read_text())
+        assert terms == sorted(f"train-{i}" for i in range(16))  # the gang stopped whole, not one pod
+        record = (await client.status("train"))["jobs"][0]
+        assert record["preemptions"] == 1 and record["preempted_by"] == "serve"
+        resumed = await client.wait("train", timeout_s=60)  # requeued whole, runs again once serve is done
+        assert resumed["state"] == "succeeded" and resumed["attempts"] == 2
+    finally:
+        await client.close()
+
+
 async def test_job_that_acknowledges_its_checkpoint_is_killed_before_its_grace_ends(make_stack) -> None:
     stack = make_stack([small_node("n0", gpus=4)], env=FAST_PREEMPTION)
     client = await TideClient.connect(stack.info.settings_for("admin"))
