@@ -266,14 +266,17 @@ class NodeAgent:
             asyncio.get_running_loop().create_task(pod.stop(self.settings.fence_grace_s))
 
     async def _renew(self) -> None:
-        """The lease is renewed by a round trip to NATS (a PING answered by the server)."""
+        """The lease is renewed by a round trip to NATS (a PING answered by the server), dated when the
+        PING was sent: never later than the heartbeat published just before it, so the agent's lease
+        runs out no later than the placer's count from that heartbeat (docs/architecture.md)."""
         if not self.nc.is_connected:
             return
+        sent = time.monotonic()
         try:
             await self.nc.flush(timeout=max(1, int(self.settings.heartbeat_s)))
         except Exception:  # noqa: BLE001 - unreachable: the lease runs down
             return
-        self._last_contact = time.monotonic()
+        self._last_contact = sent
         self._fenced = False
 
     async def _heartbeat(self) -> None:
