@@ -14,8 +14,11 @@ its actions, each a module of ``tide.core`` over one ``CycleContext``:
 4. preempt / reclaim (``preempt``): a job that does not fit, or is over a limit, may evict the
    cheapest whole set of eligible victims (priority, guarantee and fair-share reclaim, tides);
 5. backfill (``backfill``): otherwise the first blocked gang earmarks the nodes where it can start
-   earliest and the job stays pending with why;
-6. tides: in an open window, a lending pool whose own jobs used up its headroom takes lent nodes back.
+   earliest and the job stays pending with why; a gang past its ``gangTimeoutSeconds`` instead fails
+   or shrinks to minMember 1 (``onTimeout``) and earmarks nothing;
+6. elastic extras: when no pending job waits for room, the pods of elastic jobs beyond minMember
+   (the jobs bound this cycle, then the running ones) take what is left, within their queues' limits;
+7. tides: in an open window, a lending pool whose own jobs used up its headroom takes lent nodes back.
 
 Queue usage counts running jobs and nominated preemptors, never stopping victims, in every check of
 the cycle and across cycles, so two queues never reclaim from each other.
@@ -33,18 +36,29 @@ from tide.core.cycle_context import (
     Preemption,
     QueueUsage,
     Running,
+    TimedOut,
 )
-from tide.core.job_placement import job_demand, place_job, pod_request
+from tide.core.job_placement import (
+    cordoned,
+    gang_capacity,
+    job_demand,
+    missing_extras,
+    place_extras,
+    place_job,
+    pod_request,
+)
 from tide.core.model import Unfit
 from tide.core.placer import Placer
 from tide.core.preempt import FailedSearches, deterministic, may_preempt, preempt_for
+from tide.core.queues import limit_excess
 from tide.core.tidal import Lending, lending, lent_view, refill_headroom, return_lent_nodes, selector_pool
 from tide.core.tides import TideState
-from tide.schemas.events import JobRecord
-from tide.schemas.feedback import family_of
+from tide.schemas.events import JobRecord, JobState
+from tide.schemas.feedback import FamilyWeights, family_of
+from tide.schemas.job import PRIORITY_VALUES, JobSpec
 
 __all__ = ["Bind", "CycleState", "Earmark", "Lending", "Plan", "Preemption", "Running", "TideState", "lending",
-           "plan_cycle", "selector_pool"]
+           "TimedOut", "gang_timed_out", "plan_cycle", "selector_pool"]
 
 
 def plan_cycle(state: CycleState, placer: Placer) -> Plan:
@@ -61,6 +75,8 @@ def plan_cycle(state: CycleState, placer: Placer) -> Plan:
     return_lent_nodes(ctx)
     if state.pending and state.nodes:
         _admit_and_place(ctx)
+    if state.nodes and not ctx.waiting:
+        _place_extras(ctx)
     refill_headroom(ctx.plan, ctx.cluster, ctx.running, ctx.tide_states)
     return ctx.plan
 
@@ -93,22 +109,124 @@ def _admit_and_place(ctx: CycleContext) -> None:
         if isinstance(result, Unfit):
             if result.resolvable and may_preempt(ctx, record, lowest, check.excess) and preempt_for(
                     ctx, record, exclude, feedback, check.excess):
+                ctx.waiting = True
                 if nominated and record.job_id not in ctx.plan.nominations:
                     ctx.usage.admit(record.spec.metadata.queue, demand)  # still waiting for its victims
                 continue
+            if gang_timed_out(record, state.now):
+                record = _time_out(ctx, record, exclude, feedback)
+                if record.spec.spec.gang_size > 1:  # failed: it earmarks nothing
+                    continue
+                if not _bound(ctx, record, exclude, feedback):  # shrunk, and not even one pod fits now
+                    ctx.waiting = True
+                    _not_placed(ctx, record, Unfit(ctx.plan.timed_out[-1].reason), nominated, demand)
+                continue
+            if result.resolvable and not check.excess:
+                ctx.waiting = True
             reason = result.reason
             if result.resolvable and ctx.earmark is None and record.spec.spec.gang_size > 1 and not check.excess:
                 ctx.earmark = earmark_for(ctx.cluster, record, ctx.running, state.now)
                 reason += "; " + ctx.earmark.reason(state.now)
             _not_placed(ctx, record, Unfit(reason, result.resolvable), nominated, demand)
             continue
-        ctx.plan.binds.append(Bind(record, result, feedback))
-        ctx.changed()
-        for p in result:
-            ctx.placer.observe(pod_request(record.spec))
-            ctx.cluster.allocate(p.alloc)
-        ctx.running[record.job_id] = (record, [p.alloc for p in result])
-        ctx.usage.admit(record.spec.metadata.queue, demand)
+        _bind(ctx, record, result, feedback)
+
+
+def _bind(ctx: CycleContext, record: JobRecord, placements: list, feedback: FamilyWeights | None) -> None:
+    ctx.plan.binds.append(Bind(record, placements, feedback))
+    ctx.changed()
+    for p in placements:
+        ctx.placer.observe(pod_request(record.spec))
+        ctx.cluster.allocate(p.alloc)
+    ctx.running[record.job_id] = (record, [p.alloc for p in placements])
+    ctx.usage.admit(record.spec.metadata.queue, job_demand(record.spec))
+
+
+def gang_timed_out(record: JobRecord, now: float) -> bool:
+    """Has a pending gang waited past its ``gangTimeoutSeconds`` since it was (last) queued? (Not while
+    its victims stop: a nominated gang is about to start.)"""
+    body = record.spec.spec
+    queued = record.queued_at if record.queued_at is not None else record.submitted_at
+    return (body.gang_timeout_s is not None and body.gang_size > 1 and record.nominated_at is None
+            and now - queued > body.gang_timeout_s)
+
+
+def _time_out(ctx: CycleContext, record: JobRecord, exclude: set[str], feedback: FamilyWeights | None) -> JobRecord:
+    """Record the timeout in the plan (the gang earmarks nothing); ``shrink`` returns the record with
+    minMember 1 (its other pods become elastic extras), ``fail`` the record as it is."""
+    body = record.spec.spec
+    view = lent_view(ctx.cluster, record, ctx.tide_states, ctx.running)
+    request = pod_request(record.spec, feedback)
+    fit = gang_capacity(ctx.placer, cordoned(view, exclude).copy(), request, body.gang_size)
+    reason = (f"gang timeout: {body.gang_size - fit} of {body.gang_size} pods could not be placed "
+              f"within {body.gang_timeout_s}s")
+    if body.on_timeout != "shrink":
+        ctx.plan.timed_out.append(TimedOut(record, "fail", reason))
+        return record
+    shrunk = shrunk_spec(record.spec)
+    ctx.plan.timed_out.append(TimedOut(record, "shrink", f"{reason}; shrunk to minMember 1", shrunk))
+    return record.model_copy(update={"spec": shrunk})
+
+
+def shrunk_spec(spec: JobSpec) -> JobSpec:
+    """The spec of a gang that timed out with ``onTimeout: shrink``: minMember 1, no longer a strict gang."""
+    return spec.model_copy(update={"spec": spec.spec.model_copy(update={"min_member": 1, "gang_timeout_s": None})})
+
+
+def _bound(ctx: CycleContext, record: JobRecord, exclude: set[str], feedback: FamilyWeights | None) -> bool:
+    """Place a shrunk gang's first pod now, if it fits (its other pods follow as extras)."""
+    view = lent_view(ctx.cluster, record, ctx.tide_states, ctx.running)
+    result = place_job(ctx.placer, view, record.spec, ctx.state.nodes, exclude, feedback)
+    if isinstance(result, Unfit):
+        return False
+    _bind(ctx, record, result, feedback)
+    return True
+
+
+def _place_extras(ctx: CycleContext) -> None:
+    """Step 6: the elastic extras of the jobs bound this cycle (in the same reservation), then the missing
+    extras of running elastic jobs (highest priority, then longest running, first), on what is left."""
+    state = ctx.state
+    for bind in ctx.plan.binds:
+        if bind.record.spec.spec.elastic:
+            bind.placements.extend(_extras_for(ctx, bind.record, bind.feedback))
+    bound = {b.record.job_id for b in ctx.plan.binds}
+    growing = [r for r, _ in ctx.running.values()
+               if r.job_id not in bound and r.state == JobState.RUNNING and r.spec.spec.elastic
+               and not r.cancel_requested]
+    growing.sort(key=lambda r: (-PRIORITY_VALUES[r.spec.metadata.priority_class], r.started_at or 0.0, r.job_id))
+    for record in growing:
+        placements = _extras_for(ctx, record, state.weights.get(family_of(record.spec)))
+        if placements:
+            ctx.plan.grows.append(Bind(record, placements))
+
+
+def _extras_for(ctx: CycleContext, record: JobRecord, feedback: FamilyWeights | None) -> list:
+    """Place the job's missing extras on ``ctx.cluster`` (allocated there), within its queues' limits."""
+    state = ctx.state
+    indices = missing_extras(record)
+    if not indices:
+        return []
+    body = record.spec.spec
+    per_pod = {k: v / body.gang_size for k, v in job_demand(record.spec).items()}
+    room = 0
+    usage = ctx.usage.by_path
+    while room < len(indices) and not limit_excess(
+            ctx.tree, record.spec.metadata.queue, {k: v * (room + 1) for k, v in per_pod.items()}, usage):
+        room += 1
+    exclude = state.lost | set(record.avoid_nodes)
+    if ctx.earmark is not None and not may_use_earmarked(record, ctx.earmark, state.now):
+        exclude |= set(ctx.earmark.nodes)
+    view = lent_view(ctx.cluster, record, ctx.tide_states, ctx.running)
+    placements = place_extras(ctx.placer, view, record.spec, indices[:room], exclude, feedback)
+    if not placements:
+        return []
+    ctx.changed()
+    held = ctx.running.get(record.job_id, (record, []))[1]
+    for p in placements:
+        ctx.cluster.allocate(p.alloc)
+    ctx.running[record.job_id] = (record, [*held, *(p.alloc for p in placements)])
+    return placements
 
 
 def _not_placed(ctx: CycleContext, record: JobRecord, unfit: Unfit, nominated: bool, demand: dict[str, float]) -> None:

@@ -21,7 +21,7 @@ from tide.core.queues import QueueTree, Resources, add
 from tide.core.tides import TideRule, TideState
 from tide.schemas.events import JobRecord, JobState
 from tide.schemas.feedback import FamilyWeights
-from tide.schemas.job import PRIORITY_VALUES
+from tide.schemas.job import PRIORITY_VALUES, JobSpec
 from tide.schemas.node import NodeDescription
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,6 +47,8 @@ class CycleState:
     wall: datetime | None = None  # time of day for tides
     min_runtime_s: float = 60.0  # the default minimum runtime (the queue config may set its own)
     preemption_timeout_s: float = 120.0
+    extra_allocs: dict[str, dict[int, Allocation]] = field(default_factory=dict)
+    """job -> pod index -> allocation of each elastic extra pod (index >= minMember) holding claims"""
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,23 @@ class Bind:
 
 @dataclass(frozen=True)
 class Preemption:
+    """Stop a running job whole, or with ``pods`` only those elastic extra pods (the job keeps running)."""
+
     job_id: str
     by: str
     why: str
+    pods: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """A pending gang past its ``gangTimeoutSeconds``: ``fail`` (the job fails with ``reason``) or
+    ``shrink`` (its spec becomes ``spec``: minMember 1, the other pods elastic extras)."""
+
+    record: JobRecord
+    action: str
+    reason: str
+    spec: JobSpec | None = None
 
 
 @dataclass
@@ -69,6 +85,8 @@ class Plan:
     preemptions: list[Preemption] = field(default_factory=list)
     nominations: dict[str, str] = field(default_factory=dict)  # preemptor -> reason
     not_placed: list[tuple[JobRecord, Unfit]] = field(default_factory=list)
+    grows: list[Bind] = field(default_factory=list)  # extra pods for running elastic jobs
+    timed_out: list[TimedOut] = field(default_factory=list)
 
 
 def counts_for_its_queue(record: JobRecord) -> bool:
@@ -121,6 +139,7 @@ class CycleContext:
     tide_states: dict[TideRule, TideState]
     failed: FailedSearches | None = None
     earmark: Earmark | None = None
+    waiting: bool = False  # a pending job waits for room (or for its victims): no elastic extras this cycle
 
     @property
     def tree(self) -> QueueTree:

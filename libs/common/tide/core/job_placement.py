@@ -28,6 +28,7 @@ from tide.core import (
 from tide.core.feedback import applied_multiplier, effective_share_mib
 from tide.core.gang import place_gang
 from tide.core.topology import Level
+from tide.schemas.events import JobRecord, PodState
 from tide.schemas.feedback import AFFINITY_PREFER_NODE, FamilyWeights
 from tide.schemas.job import JobSpec, PriorityClass
 from tide.schemas.node import NodeDescription
@@ -99,6 +100,45 @@ def place_job(
             return Unfit(f"gang of {gang} x {describe(request)} can never fit: {empty.reason} when empty", False)
         return plan
     return [PodPlacement(i, a) for i, a in enumerate(plan.allocations)]
+
+
+def missing_extras(record: JobRecord) -> list[int]:
+    """The elastic extra pods (indices minMember..replicas-1) of a job that want placement: not placed,
+    not running, not done."""
+    body = record.spec.spec
+    pods = {p.index: p for p in record.pods}
+    out = []
+    for i in range(body.gang_size, body.replicas):
+        p = pods.get(i)
+        if p is None or (p.node is None and p.state == PodState.PENDING):
+            out.append(i)
+    return out
+
+
+def place_extras(
+    placer: Placer,
+    cluster: Cluster,
+    spec: JobSpec,
+    indices: Iterable[int],
+    exclude: Iterable[str] = (),
+    feedback: FamilyWeights | None = None,
+) -> list[PodPlacement]:
+    """Place as many of the elastic extra pods ``indices`` as fit, one at a time, on what ``cluster``
+    leaves (not changed). Extras are single pods: the job already runs (or starts) on its gang."""
+    request = pod_request(spec, feedback, int(cluster.gpu_mem_cap.max()) if cluster.num_nodes else 0)
+    what_if = cordoned(cluster, set(exclude)).copy()
+    out: list[PodPlacement] = []
+    for index in indices:
+        result = placer.place(what_if, request)
+        if isinstance(result, Unfit):
+            break
+        what_if.allocate(result)
+        out.append(PodPlacement(index, result))
+    return out
+
+
+def pod_name(job_id: str, index: int) -> str:
+    return f"{job_id}-{index}"
 
 
 def _place_pods(

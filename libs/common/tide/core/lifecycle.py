@@ -8,14 +8,16 @@ from tide.schemas.events import POD_DONE_STATES, ExitReason, JobRecord, JobState
 
 
 def mark_pod_started(record: JobRecord, pod: str) -> bool:
-    """Mark a pod running; the job turns running when every pod of its gang has started. Returns the job turned.
+    """Mark a pod running; the job turns running when every pod placed with its gang has started (elastic
+    extras not placed yet do not count). Returns the job turned.
 
     A short pod may already have exited when the last one starts: started means running or done.
     """
     for p in record.pods:
         if p.name == pod and p.state in (PodState.PENDING, PodState.STARTING):
             p.state = PodState.RUNNING
-    started = all(p.state == PodState.RUNNING or p.state in POD_DONE_STATES for p in record.pods)
+    placed = [p for p in record.pods if p.node is not None or p.state != PodState.PENDING]
+    started = bool(placed) and all(p.state == PodState.RUNNING or p.state in POD_DONE_STATES for p in placed)
     if record.state == JobState.PENDING and started:
         record.state = JobState.RUNNING
         record.reason = ""
@@ -25,8 +27,17 @@ def mark_pod_started(record: JobRecord, pod: str) -> bool:
 
 
 def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | None, list[str]]:
-    """Record a pod's exit. Returns (the job's new terminal state or None, pods still to stop)."""
+    """Record a pod's exit. Returns (the job's new terminal state or None, pods still to stop).
+
+    Elastic jobs: an extra pod (index >= minMember) stopped while its job runs (a pod-level preemption)
+    wants placement again; the job succeeds when its minMember pods succeeded and every other pod that
+    ran exited 0 (a stopped extra is not a failure)."""
+    gang = record.spec.spec.gang_size
     for p in record.pods:
+        if (p.name == exited.pod and p.index >= gang and exited.reason == ExitReason.STOPPED
+                and record.state == JobState.RUNNING and not record.cancel_requested):
+            p.node, p.gpus, p.state, p.exit_code, p.reason, p.stopping = None, [], PodState.PENDING, None, None, False
+            return None, []
         if p.name == exited.pod and p.state not in POD_DONE_STATES:
             p.exit_code = exited.exit_code
             p.reason = exited.reason.value
@@ -53,7 +64,8 @@ def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | No
         record.reason = f"pod {first.name} {why}" + (f": {exited.message}" if exited.message else "")
         record.finished_at = time.time()
         return JobState.FAILED, live
-    if all(p.state == PodState.SUCCEEDED for p in record.pods):
+    if all(p.state == PodState.SUCCEEDED if p.index < gang else p.state in POD_DONE_STATES or p.node is None
+           for p in record.pods) and any(p.state == PodState.SUCCEEDED for p in record.pods):
         record.state = JobState.SUCCEEDED
         record.reason = ""
         record.finished_at = time.time()

@@ -24,13 +24,14 @@ priority preemption, capped by the preemptor class's ``minRuntime`` (online-serv
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tide.core.cluster import Cluster
 from tide.core.cycle_context import CycleContext, Preemption
 from tide.core.job_placement import job_demand, place_job, pod_request, topology_levels
-from tide.core.model import PodRequest, Unfit
+from tide.core.model import Allocation, PodRequest, Unfit
 from tide.core.placer import Placer
 from tide.core.queues import (
     EPS,
@@ -67,6 +68,9 @@ class Candidate:
     fair_only: bool  # eligible only by fair share: the guard checks the shares
     sides: tuple[str, str] | None  # (preemptor's side, victim's side) below the common ancestor
     why: str
+    extra: bool = False  # one elastic extra pod (``pod`` of ``job_id``), not the whole job
+    job_id: str = ""
+    pod: int = -1
 
 
 class QueueGuard(VictimGuard):
@@ -173,13 +177,28 @@ def preempt_for(ctx: CycleContext, record: JobRecord, exclude: set[str], feedbac
         if ctx.failed is not None:
             ctx.failed.add(search, request, exclude)
         return False
+    whole = {v.job_id for v in victims if not reasons[v.job_id].extra}
+    names = []
     for v in victims:
+        c = reasons[v.job_id]
+        if c.extra:  # one elastic extra pod: the job keeps running on the rest
+            job_id, index = c.job_id, c.pod
+            if job_id in whole:
+                continue
+            held, allocs = ctx.running[job_id]
+            allocs = list(allocs)
+            allocs.remove(ctx.state.extra_allocs[job_id][index])  # its GPUs stay taken until it is gone
+            ctx.running[job_id] = (held, allocs)
+            ctx.plan.preemptions.append(Preemption(job_id, record.job_id, c.why, (index,)))
+            names.append(f"{job_id} pod {index}")
+            continue
         victim, _ = ctx.running.pop(v.job_id)  # its GPUs stay taken until its pods are gone
-        ctx.plan.preemptions.append(Preemption(v.job_id, record.job_id, reasons[v.job_id].why))
-        ctx.usage.release(victim.spec.metadata.queue, reasons[v.job_id].demand)
+        ctx.plan.preemptions.append(Preemption(v.job_id, record.job_id, c.why))
+        ctx.usage.release(victim.spec.metadata.queue, c.demand)
+        names.append(v.job_id)
     ctx.usage.admit(record.spec.metadata.queue, demand)  # the preemptor holds its queue's share from now on
     whys = sorted({reasons[v.job_id].why for v in victims})
-    ctx.plan.nominations[record.job_id] = f"preempting {', '.join(v.job_id for v in victims)} ({'; '.join(whys)})"
+    ctx.plan.nominations[record.job_id] = f"preempting {', '.join(names)} ({'; '.join(whys)})"
     ctx.changed()
     return True
 
@@ -187,7 +206,7 @@ def preempt_for(ctx: CycleContext, record: JobRecord, exclude: set[str], feedbac
 def _fits_after_release(what_if: Cluster, ctx: CycleContext, victims: list[RunningJob], record: JobRecord,
                         exclude: set[str], feedback: FamilyWeights | None) -> bool:
     """Does ``record`` fit once ``victims`` are gone? Released on ``what_if`` and allocated back after."""
-    allocs = [a for v in victims for a in ctx.running[v.job_id][1]]
+    allocs = victim_allocs(ctx, victims)
     for a in allocs:
         what_if.release(a)
     try:
@@ -197,13 +216,24 @@ def _fits_after_release(what_if: Cluster, ctx: CycleContext, victims: list[Runni
             what_if.allocate(a)
 
 
+def victim_allocs(ctx: CycleContext, victims: list[RunningJob]) -> list[Allocation]:
+    """The allocations the victims free: a whole job's (extras included), an extra pod's own."""
+    whole = {v.job_id for v in victims if "#" not in v.job_id}
+    out = []
+    for v in victims:
+        job_id, _, pod = v.job_id.partition("#")
+        if not pod:
+            out.extend(ctx.running[job_id][1])
+        elif job_id not in whole:
+            out.append(ctx.state.extra_allocs[job_id][int(pod)])
+    return out
+
+
 def candidates_for(ctx: CycleContext, record: JobRecord, queue: str, priority: int, demand: Mapping[str, float]
                    ) -> tuple[list[RunningJob], dict[str, Candidate]] | None:
-    """The running jobs ``record`` may evict, each with why (see the module docstring)."""
-    tree, now, cluster = ctx.tree, ctx.state.now, ctx.cluster
-    pool = selector_pool(record)
-    cls = record.spec.metadata.priority_class.value
-    cap = tree.class_policy(cls).min_runtime
+    """The running jobs ``record`` may evict, each with why (see the module docstring), and the elastic
+    extra pods of running jobs (``<job>#<pod index>``, the first victims, whatever their minimum runtime)."""
+    tree, now = ctx.tree, ctx.state.now
     reclaim_sides: dict[str, bool] = {}
     out: list[RunningJob] = []
     reasons: dict[str, Candidate] = {}
@@ -213,40 +243,68 @@ def candidates_for(ctx: CycleContext, record: JobRecord, queue: str, priority: i
         v_priority = PRIORITY_VALUES[victim.spec.metadata.priority_class]
         v_queue = tree.resolve(victim.spec.metadata.queue)
         started = victim.started_at if victim.started_at is not None else now
-        ran = now - started
-        best_effort = victim.spec.metadata.priority_class == PriorityClass.BEST_EFFORT
-        mr_priority = 0.0 if best_effort else tree.victim_min_runtime(v_queue, False, ctx.state.min_runtime_s)
-        if cap is not None:
-            mr_priority = min(mr_priority, cap)
-        mr_reclaim = 0.0 if best_effort else tree.victim_min_runtime(v_queue, True, ctx.state.min_runtime_s)
-        by_priority = v_priority < priority and ran >= mr_priority
-        by_tide = ran >= mr_reclaim and any(pool == rule.lend and borrows_from(victim, allocs, rule, cluster)
-                                            for rule in ctx.tide_states)
-        sides = tree.split(queue, v_queue)
-        v_demand = job_demand(victim.spec)
-        if by_tide or (sides is None and by_priority):
-            why = "its pool takes its lent nodes back" if by_tide else f"priority {cls}"
-            reasons[job_id] = Candidate(v_queue, v_demand, (), False, None, why)
-        elif sides is not None:
-            mine, theirs = sides
-            if mine not in reclaim_sides:
-                reclaim_sides[mine] = within_guarantee(tree.guarantee(mine), ctx.usage.get(mine), demand)
-            by_guarantee = reclaim_sides[mine] and ran >= mr_reclaim
-            by_fair = tree.fair_sharing.enabled and v_priority <= priority and ran >= mr_reclaim
-            if not (by_priority or by_guarantee or by_fair):
-                continue
-            why = (f"priority {cls}" if by_priority else "reclaiming its queue's guarantee" if by_guarantee
-                   else "fair-share reclaim")
-            reasons[job_id] = Candidate(v_queue, v_demand, tuple(tree.path_between(v_queue, theirs)),
-                                        not (by_priority or by_guarantee), sides, why)
-        else:
+        weight = tree.spec(v_queue).weight
+        c = _eligible(ctx, record, queue, priority, demand, victim, allocs, now - started, reclaim_sides)
+        if c is not None:
+            reasons[job_id] = c
+            out.append(RunningJob(
+                job_id=job_id, queue=v_queue, priority=v_priority, gpus=c.demand["gpu"],
+                work_lost_s=now - max(started, victim.last_checkpoint_at or 0.0),
+                borrowed=_slack(ctx, c), weight=weight,
+            ))
+        extras = ctx.state.extra_allocs.get(job_id, {})
+        stopping = {p.index for p in victim.pods if p.stopping}
+        live = [(i, a) for i, a in sorted(extras.items())
+                if i >= victim.spec.spec.gang_size and i not in stopping and a in allocs]
+        if not live:
             continue
-        out.append(RunningJob(
-            job_id=job_id, queue=v_queue, priority=v_priority, gpus=v_demand["gpu"],
-            work_lost_s=now - max(started, victim.last_checkpoint_at or 0.0),
-            borrowed=_slack(ctx, reasons[job_id]), weight=tree.spec(v_queue).weight,
-        ))
+        e = c or _eligible(ctx, record, queue, priority, demand, victim, allocs, math.inf, reclaim_sides)
+        if e is None:
+            continue
+        for index, alloc in live:
+            key = f"{job_id}#{index}"
+            reasons[key] = Candidate(v_queue, {}, (), False, None, e.why, extra=True, job_id=job_id, pod=index)
+            out.append(RunningJob(job_id=key, queue=v_queue, priority=v_priority, gpus=sum(alloc.gpu_milli) / 1000,
+                                  work_lost_s=0.0, borrowed=_slack(ctx, e), weight=weight, extra=True))
     return (out, reasons) if out else None
+
+
+def _eligible(ctx: CycleContext, record: JobRecord, queue: str, priority: int, demand: Mapping[str, float],
+              victim: JobRecord, allocs: list[Allocation], ran: float, reclaim_sides: dict[str, bool]
+              ) -> Candidate | None:
+    """Why ``record`` may evict the running job ``victim`` that ran ``ran`` seconds, or None."""
+    tree, cluster = ctx.tree, ctx.cluster
+    pool = selector_pool(record)
+    cls = record.spec.metadata.priority_class.value
+    cap = tree.class_policy(cls).min_runtime
+    v_priority = PRIORITY_VALUES[victim.spec.metadata.priority_class]
+    v_queue = tree.resolve(victim.spec.metadata.queue)
+    best_effort = victim.spec.metadata.priority_class == PriorityClass.BEST_EFFORT
+    mr_priority = 0.0 if best_effort else tree.victim_min_runtime(v_queue, False, ctx.state.min_runtime_s)
+    if cap is not None:
+        mr_priority = min(mr_priority, cap)
+    mr_reclaim = 0.0 if best_effort else tree.victim_min_runtime(v_queue, True, ctx.state.min_runtime_s)
+    by_priority = v_priority < priority and ran >= mr_priority
+    by_tide = ran >= mr_reclaim and any(pool == rule.lend and borrows_from(victim, allocs, rule, cluster)
+                                        for rule in ctx.tide_states)
+    sides = tree.split(queue, v_queue)
+    v_demand = job_demand(victim.spec)
+    if by_tide or (sides is None and by_priority):
+        why = "its pool takes its lent nodes back" if by_tide else f"priority {cls}"
+        return Candidate(v_queue, v_demand, (), False, None, why)
+    if sides is None:
+        return None
+    mine, theirs = sides
+    if mine not in reclaim_sides:
+        reclaim_sides[mine] = within_guarantee(tree.guarantee(mine), ctx.usage.get(mine), demand)
+    by_guarantee = reclaim_sides[mine] and ran >= mr_reclaim
+    by_fair = tree.fair_sharing.enabled and v_priority <= priority and ran >= mr_reclaim
+    if not (by_priority or by_guarantee or by_fair):
+        return None
+    why = (f"priority {cls}" if by_priority else "reclaiming its queue's guarantee" if by_guarantee
+           else "fair-share reclaim")
+    return Candidate(v_queue, v_demand, tuple(tree.path_between(v_queue, theirs)),
+                     not (by_priority or by_guarantee), sides, why)
 
 
 def _slack(ctx: CycleContext, c: Candidate) -> float:

@@ -89,6 +89,7 @@ class PodRecord(BaseModel):
     gpus: list[str] = Field(default_factory=list, description="GPU (or MIG) UUIDs")
     exit_code: int | None = None
     reason: str | None = None
+    stopping: bool = Field(default=False, description="an elastic extra being stopped by a preemption")
 
 
 class JobRecord(BaseModel):
@@ -111,6 +112,7 @@ class JobRecord(BaseModel):
     last_checkpoint_at: float | None = Field(default=None, description="last acknowledged checkpoint")
     avoid_nodes: list[str] = Field(default_factory=list, description="nodes that failed to start this job")
     not_before: float = Field(default=0.0, description="requeue backoff: not placed before this time")
+    queued_at: float | None = Field(default=None, description="when it was last (re)queued; None: submitted_at")
     pods: list[PodRecord] = Field(default_factory=list)
 
     def to_json(self) -> str:

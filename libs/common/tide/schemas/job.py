@@ -108,6 +108,12 @@ class JobBody(_Strict):
     preemptible: bool | None = Field(
         default=None, description="false: never a preemption victim (it may then not borrow beyond its queue's "
                                   "guarantee); default: as its priority class says")
+    gang_timeout_s: int | None = Field(
+        default=None, alias="gangTimeoutSeconds", gt=0, le=90 * 24 * 3600,
+        description="a pending gang that waited longer than this since it was queued times out (see onTimeout)")
+    on_timeout: Literal["fail", "shrink"] = Field(
+        default="fail", alias="onTimeout",
+        description="fail: the job fails; shrink: minMember becomes 1 and the other pods are elastic extras")
     template: PodTemplate
 
     @field_validator("min_member")
@@ -121,6 +127,11 @@ class JobBody(_Strict):
     @property
     def gang_size(self) -> int:
         return self.min_member if self.min_member is not None else self.replicas
+
+    @property
+    def elastic(self) -> bool:
+        """Pods beyond ``minMember`` are elastic extras: placed when room exists, the first victims."""
+        return self.replicas > self.gang_size
 
 
 class JobSpec(_Strict):
