@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
+import nats.errors
 from nats.aio.client import Client as NATS
 
 from tide import subjects
@@ -30,29 +33,116 @@ class SubmitResult:
     reason: str = ""
 
 
+class ServiceUnavailable(Exception):
+    """A Tide service (or NATS itself) does not answer; the message is one line for the CLI."""
+
+    def __init__(self, service: str, url: str, detail: str = "") -> None:
+        who = "NATS" if service == "nats" else f"the {service} service"
+        super().__init__(f"{who} is not answering at {url} (is 'tide up' running?){detail}")
+        self.service = service
+
+
+# which service answers which request subject
+SERVICE_OF = {
+    subjects.API_STATUS: "queue",
+    subjects.API_QUEUES: "queue",
+    subjects.API_QUEUES_APPLY: "queue",
+    subjects.API_NODES: "placer",
+    subjects.API_WEIGHTS: "metrics",
+}
+
+
 def new_job_id(name: str) -> str:
     return f"{name[:40]}-{secrets.token_hex(3)}"
 
 
+def nats_reachable(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at the NATS URL (before nats-py would retry forever)."""
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 class TideClient:
-    def __init__(self, nc: NATS) -> None:
+    def __init__(self, nc: NATS, url: str = "") -> None:
         self.nc = nc
         self.js = nc.jetstream()
+        self.url = url or (str(nc.connected_url.geturl()) if nc.connected_url else "")
 
     @classmethod
     async def connect(cls, settings: Settings) -> TideClient:
-        return cls(await connect(settings, "tide-cli"))
+        """Connect (and reconnect after outages); raises ServiceUnavailable at once when NATS is not there."""
+        if not nats_reachable(settings.nats_url):
+            raise ServiceUnavailable("nats", settings.nats_url)
+
+        async def quiet(exc: Exception) -> None:
+            pass
+
+        try:
+            nc = await asyncio.wait_for(connect(settings, "tide-cli", error_cb=quiet), timeout=10)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise ServiceUnavailable("nats", settings.nats_url, f": {exc}" if str(exc) else "") from exc
+        return cls(nc, settings.nats_url)
 
     async def close(self) -> None:
         await self.nc.close()
 
-    async def submit(self, spec: Any, job_id: str | None = None, timeout_s: float = 15.0) -> SubmitResult:
-        """Publish a job spec and wait for the queue's verdict (queued or rejected)."""
+    async def request(self, subject: str, data: bytes, timeout_s: float = 5.0) -> Any:
+        """A request to a service's API; ServiceUnavailable when nobody answers."""
+        try:
+            reply = await self.nc.request(subject, data, timeout=timeout_s)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError) as exc:
+            raise ServiceUnavailable(SERVICE_OF.get(subject, subject), self.url) from exc
+        return json.loads(reply.data)
+
+    async def submit(
+        self, spec: Any, job_id: str | None = None, timeout_s: float = 15.0, attempts: int = 3
+    ) -> SubmitResult:
+        """Publish a job spec and wait for the queue's verdict (queued or rejected).
+
+        The job id is chosen here, once, and every attempt carries it: the queue treats a second submission
+        of an id it knows (with the same spec) as the same job, so a retry never makes a second job. Nothing
+        is published while no queue service is subscribed (ServiceUnavailable): a submission left in the
+        stream would otherwise become a job whenever the queue came back."""
         if job_id is None:
             name = spec.get("metadata", {}).get("name") if isinstance(spec, dict) else None
             job_id = new_job_id(name if isinstance(name, str) and name else "job")
         payload = json.dumps({"schema_version": 1, "event_id": new_event_id(), "job_id": job_id, "spec": spec})
-        return await self.submit_raw(payload.encode(), job_id, timeout_s)
+        await self._queue_present()
+        per_attempt = timeout_s / max(1, attempts)
+        for _ in range(max(1, attempts)):
+            try:
+                return await self.submit_raw(payload.encode(), job_id, per_attempt)
+            except TimeoutError:
+                known = await self._known(job_id)  # the verdict was lost, or the queue is slow
+                if known is not None:
+                    return known
+        raise TimeoutError(f"the queue gave no verdict on job {job_id} in {timeout_s:g}s; submitting again with "
+                           f"--job-id {job_id} is safe (the queue keeps one job per id)")
+
+    async def _queue_present(self) -> None:
+        """ServiceUnavailable unless a queue service is subscribed (a busy one that is slow to answer is present)."""
+        try:
+            await self.nc.request(subjects.API_STATUS, b'{"limit": 1}', timeout=2)
+        except nats.errors.NoRespondersError as exc:
+            raise ServiceUnavailable("queue", self.url) from exc
+        except (nats.errors.TimeoutError, TimeoutError):
+            pass
+
+    async def _known(self, job_id: str) -> SubmitResult | None:
+        try:
+            job = await self.job(job_id, timeout_s=2)
+        except ServiceUnavailable:
+            return None
+        if job is None:
+            return None
+        if job["state"] == "rejected":
+            field, _, reason = job["reason"].partition(": ")
+            return SubmitResult(job_id, False, field, reason)
+        return SubmitResult(job_id, True)
 
     async def submit_raw(self, data: bytes, job_id: str, timeout_s: float = 15.0) -> SubmitResult:
         verdict: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
@@ -73,14 +163,14 @@ class TideClient:
             return SubmitResult(job_id, False, field, reason)
         return SubmitResult(job_id, True)
 
-    async def status(self, job_id: str | None = None, limit: int = 50) -> dict[str, Any]:
+    async def status(self, job_id: str | None = None, limit: int = 50, timeout_s: float = 5.0) -> dict[str, Any]:
         req = {"job_id": job_id} if job_id else {"limit": limit}
-        reply = await self.nc.request(subjects.API_STATUS, json.dumps(req).encode(), timeout=5)
-        return json.loads(reply.data)
+        body: dict[str, Any] = await self.request(subjects.API_STATUS, json.dumps(req).encode(), timeout_s)
+        return body
 
-    async def job(self, job_id: str) -> dict[str, Any] | None:
+    async def job(self, job_id: str, timeout_s: float = 5.0) -> dict[str, Any] | None:
         """The job's status summary, or None when unknown."""
-        body = await self.status(job_id)
+        body = await self.status(job_id, timeout_s=timeout_s)
         if body.get("jobs"):
             return summarize(body["jobs"][0])
         if body.get("rejected"):
@@ -89,7 +179,8 @@ class TideClient:
         return None
 
     async def wait(self, job_id: str, states: set[str] | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
-        """Wait until the job reaches one of ``states`` (default: a final state)."""
+        """Wait until the job reaches one of ``states`` (default: a final state). A queue that is restarting
+        meanwhile is waited for; ServiceUnavailable only if it is still gone at the deadline."""
         states = states or FINAL_FOR_WAIT
         changed = asyncio.Event()
 
@@ -100,7 +191,12 @@ class TideClient:
         deadline = time.monotonic() + timeout_s
         try:
             while True:
-                job = await self.job(job_id)
+                try:
+                    job = await self.job(job_id, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+                except ServiceUnavailable:
+                    if time.monotonic() >= deadline:
+                        raise
+                    job = None
                 if job is not None and job["state"] in states:
                     return job
                 left = deadline - time.monotonic()
@@ -119,17 +215,17 @@ class TideClient:
         await self.js.publish(subjects.JOB_CANCEL, message.to_bytes(), headers={"Nats-Msg-Id": message.event_id})
 
     async def nodes(self) -> list[dict[str, Any]]:
-        reply = await self.nc.request(subjects.API_NODES, b"{}", timeout=5)
-        return json.loads(reply.data)["nodes"]
+        nodes: list[dict[str, Any]] = (await self.request(subjects.API_NODES, b"{}"))["nodes"]
+        return nodes
 
     async def queues(self) -> dict[str, Any]:
-        reply = await self.nc.request(subjects.API_QUEUES, b"{}", timeout=5)
-        return json.loads(reply.data)["queues"]
+        queues: dict[str, Any] = (await self.request(subjects.API_QUEUES, b"{}"))["queues"]
+        return queues
 
     async def apply_queues(self, config: Any) -> dict[str, Any]:
         """Replace the queue tree at run time; returns {"ok": True, "queues": [...]} or {"ok": False, "error"}."""
-        reply = await self.nc.request(subjects.API_QUEUES_APPLY, json.dumps(config).encode(), timeout=5)
-        return json.loads(reply.data)
+        result: dict[str, Any] = await self.request(subjects.API_QUEUES_APPLY, json.dumps(config).encode())
+        return result
 
     async def weights(self, family: str | None = None, limit: int = 20) -> dict[str, Any]:
         """The feedback loop's family weights and recent changes (served by the metrics service)."""

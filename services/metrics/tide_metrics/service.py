@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -215,8 +216,25 @@ class MetricsService:
         gauge("tide_feedback_affinity", [lambda o: [
             Observation(w.affinity, {"family": f}) for f, w in self.snapshot.weights.items()]],
             unit="1", description="the feedback loop's topology affinity per job family (>= 1: one node)")
+        meter.create_observable_counter(
+            "tide_process_restarts", [self._process_restarts], unit="1",
+            description="restarts of each stack process by the `tide up` supervisor (from its health.json)")
 
     # ------------------------------------------------------------ observations
+    def _process_restarts(self, options: CallbackOptions) -> Iterable[Observation]:
+        """Read at each scrape from the health file the supervisor keeps (TIDE_HEALTH_FILE, set by `tide up`;
+        a service run any other way, e.g. under systemd, has none and exports no series)."""
+        path = os.environ.get("TIDE_HEALTH_FILE")
+        if not path:
+            return []
+        try:
+            with open(path) as f:
+                document = json.load(f)
+        except (OSError, ValueError):
+            return []
+        return [Observation(int(p.get("restarts", 0)), {"process": str(p["name"])})
+                for p in document.get("processes", []) if "name" in p]
+
     def _per_gpu(self, fn: Callable[[str, int, GpuSample], Iterable[tuple[float, dict[str, str]]]]):
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             now = time.time()

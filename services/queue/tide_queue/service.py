@@ -113,11 +113,16 @@ class QueueService:
         score = pending_score(sub.spec.metadata.priority_class, sub.ts)
         created = await self.jobs.create(record, score)
         if not created:
+            # The same id again (a client retrying, or a user resubmitting with --job-id): the same job. Its
+            # verdict is the job as it stands, so a retry never makes a second job nor sets one back to pending.
             existing = await self.jobs.get(job_id)
             if existing is not None and existing.spec != sub.spec:
                 await self._reject(JobRejected(job_id=job_id, field="job_id", reason="job id already in use"))
                 return
-            log.info("job_duplicate_submit", job_id=job_id)
+            log.info("job_duplicate_submit", job_id=job_id, state=existing.state.value if existing else None)
+            if existing is not None:
+                await publish_job_event(self.js, existing, "queued", reason="duplicate submission: same job")
+                return
         else:
             log.info("job_queued", job_id=job_id, queue=sub.spec.metadata.queue, pods=gang)
         await publish_job_event(self.js, record, "queued", reason="")

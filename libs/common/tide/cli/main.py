@@ -1,4 +1,7 @@
-"""The ``tide`` command line. Exit codes: 0 success, 1 failure, 2 bad input (with a one-line reason)."""
+"""The ``tide`` command line. Exit codes: 0 success, 1 failure, 2 bad input (with a one-line reason).
+
+A service that does not answer is one line on stderr and exit 1, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +10,31 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import yaml
 
-from tide.client import TideClient, summarize
+from tide.client import ServiceUnavailable, TideClient, summarize
 from tide.log import configure_logging
+from tide.schemas.events import TERMINAL_STATES
 from tide.settings import Settings
-from tide.stack.launcher import Stack, StackInfo, cluster_nodes, default_home, down
+from tide.stack.launcher import Stack, StackInfo, cluster_nodes, default_home, down, pid_alive, stack_running
 from tide.stack.servers import StackError
+from tide.stack.supervision import format_uptime, health_rows, read_health
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+FINISHED = {s.value for s in TERMINAL_STATES}
+EXIT_CODES = """exit codes:
+  0  success (also: `tide cancel` of a job that has already finished: nothing to cancel)
+  1  failure: job failed/cancelled/unschedulable with --wait, unknown job, a service not answering,
+     `tide health` with a process down, stack error
+  2  bad input, with a one-line reason"""
 
 
 class BadInput(Exception):
@@ -48,34 +63,76 @@ def load_spec(path: str) -> Any:
 
 # ---------------------------------------------------------------- commands
 def cmd_up(args: argparse.Namespace) -> int:
-    home: Path = args.home
+    home: Path = args.home.resolve()
+    if args.detach:
+        return up_detached(args, home)
     nodes = cluster_nodes(args.nodes, Path(args.node_file) if args.node_file else None)
     env = {"queue": {"TIDE_QUEUE_CONFIG": str(Path(args.queue_config).resolve())}} if args.queue_config else {}
     stack = Stack(home, nodes, env=env)
     print(f"starting Tide in {home} with {len(nodes)} simulated node(s)...", flush=True)
     info = stack.start()
-    print(f"  NATS (JetStream)  {info.nats_url}")
-    print(f"  Redis             redis://{info.redis_host}:{info.redis_port}")
-    print(f"  metrics           {info.metrics_url}")
-    print(f"  services          queue placer metrics ({len(nodes)} node agents)")
-    print(f"  logs              {home}/logs   credentials {home}/stack.json")
+    print_endpoints(info, len(nodes))
     if args.demo:
         try:
             return asyncio.run(run_demo(info.settings_for("admin")))
         finally:
             stack.stop()
             print("stack stopped")
-    if args.detach:
-        print("ready (detached): `tide down` stops it")
-        return EXIT_OK
-    print("ready: Ctrl-C stops the stack", flush=True)
+    info.supervisor_pid = os.getpid()  # `tide down` asks this process to stop the stack
+    info.save()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _sig, _frame: stop.set())
+    print("ready (supervised: crashed processes are restarted): Ctrl-C or `tide down` stops the stack", flush=True)
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    except KeyboardInterrupt:
-        pass
+        while not stop.wait(0.5):
+            pass
     finally:
-        stack.stop()
-        print("stack stopped")
+        stopped = stack.stop()
+        print(f"stack stopped: {', '.join(stopped)}", flush=True)
+    return EXIT_OK
+
+
+def print_endpoints(info: StackInfo, nodes: int) -> None:
+    print(f"  NATS (JetStream)  {info.nats_url}")
+    print(f"  Redis             redis://{info.redis_host}:{info.redis_port}")
+    print(f"  metrics           {info.metrics_url}")
+    print(f"  services          queue placer metrics ({nodes} node agents)")
+    print(f"  logs              {info.home}/logs   credentials {info.home}/stack.json   health {info.home}/health.json")
+
+
+def up_detached(args: argparse.Namespace, home: Path, timeout_s: float = 180.0) -> int:
+    """Run the supervising `tide up` in the background (its own session, output in logs/supervisor.log)
+    and return once it reports the stack ready."""
+    if stack_running(home):
+        raise StackError(f"a stack is already running in {home}: `tide down` first")
+    (home / "logs").mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "tide.cli.main", "--home", str(home), "up", "--nodes", str(args.nodes)]
+    if args.node_file:
+        argv += ["--node-file", str(Path(args.node_file).resolve())]
+    if args.queue_config:
+        argv += ["--queue-config", str(Path(args.queue_config).resolve())]
+    log_path = home / "logs" / "supervisor.log"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    print(f"starting Tide in {home} (supervisor pid {proc.pid}, log {log_path})...", flush=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise StackError(f"the stack did not start (exit {proc.returncode}): {tail[0]}")
+        try:
+            info = StackInfo.load(home)
+        except (StackError, ValueError, TypeError):
+            info = None
+        if info is not None and info.supervisor_pid == proc.pid:
+            break
+        if time.monotonic() > deadline:
+            raise StackError(f"the stack is not ready after {timeout_s:g}s; see {log_path}")
+        time.sleep(0.1)
+    print_endpoints(info, len(info.node_ids))
+    print("ready (detached, supervised): `tide health` shows the processes, `tide down` stops them")
     return EXIT_OK
 
 
@@ -121,11 +178,34 @@ async def run_demo(settings: Settings) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    if down(args.home):
-        print(f"stopped the stack in {args.home}")
-        return EXIT_OK
-    print(f"no stack running in {args.home}", file=sys.stderr)
-    return EXIT_FAIL
+    stopped = down(args.home)
+    if stopped is None:
+        print(f"no stack running in {args.home}", file=sys.stderr)
+        return EXIT_FAIL
+    if stopped:
+        print(f"stopped the stack in {args.home}: {', '.join(stopped)}")
+    else:
+        print(f"nothing was running in {args.home} (cleared its state)")
+    return EXIT_OK
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    document = read_health(args.home)
+    if document is None:
+        print(f"tide: no supervised stack in {args.home} (no health.json; start one with `tide up`)",
+              file=sys.stderr)
+        return EXIT_FAIL
+    pids = [p["pid"] for p in document.get("processes", []) if p.get("pid")]
+    rows, healthy = health_rows(document, {pid: pid_alive(pid) for pid in pids}, time.time())
+    if args.json:
+        print(json.dumps({"healthy": healthy, "processes": [vars(r) for r in rows]}))
+    else:
+        print(f"{'PROCESS':<20} {'STATE':<13} {'PID':>8} {'UPTIME':>8} {'RESTARTS':>8}  LAST EXIT")
+        for r in rows:
+            last = "-" if r.last_exit is None else str(r.last_exit)
+            uptime = format_uptime(r.uptime_s)
+            print(f"{r.name:<20} {r.state:<13} {r.pid or '-':>8} {uptime:>8} {r.restarts:>8}  {last}")
+    return EXIT_OK if healthy else EXIT_FAIL
 
 
 async def _with_client(args: argparse.Namespace, fn: Any) -> int:
@@ -158,6 +238,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.services:
+        return cmd_health(args)
+
     async def go(client: TideClient) -> int:
         if args.job:
             job = await client.job(args.job)
@@ -204,6 +287,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         if job is None:
             print(f"no job {args.job!r}", file=sys.stderr)
             return EXIT_FAIL
+        if job["state"] in FINISHED:
+            print(f"job {args.job} already {job['state']}; nothing to cancel")
+            return EXIT_OK
         await client.cancel(args.job)
         if args.wait:
             job = await client.wait(args.job, timeout_s=args.timeout)
@@ -274,7 +360,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tide", description="Tide: a scheduler for AI containers on GPU clusters")
+    parser = argparse.ArgumentParser(prog="tide", description="Tide: a scheduler for AI containers on GPU clusters",
+                                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--home", type=Path, default=default_home(), help="stack state dir (default $TIDE_HOME or ~/.tide)"
     )
@@ -285,11 +372,17 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--node-file", help="YAML/JSON node descriptions instead of --nodes")
     up.add_argument("--queue-config", help="YAML/JSON queue tree (quotas, weights); see docs/scheduling.md")
     mode = up.add_mutually_exclusive_group()
-    mode.add_argument("--detach", action="store_true", help="return once every part is ready")
+    mode.add_argument("--detach", action="store_true",
+                      help="return once every part is ready (a background supervisor keeps the stack running)")
     mode.add_argument("--demo", action="store_true", help="run the demo jobs to completion, then stop")
     up.set_defaults(fn=cmd_up)
 
-    sub.add_parser("down", help="stop a detached stack").set_defaults(fn=cmd_down)
+    sub.add_parser("down", help="stop the stack and every process it started (restarted ones too)").set_defaults(
+        fn=cmd_down)
+
+    h = sub.add_parser("health", help="each process of the stack: state, uptime, restarts; exit 1 if any is down")
+    h.add_argument("--json", action="store_true")
+    h.set_defaults(fn=cmd_health)
 
     s = sub.add_parser("submit", help="submit a job spec (YAML or JSON; - for stdin)")
     s.add_argument("file")
@@ -303,9 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("job", nargs="?")
     st.add_argument("--json", action="store_true")
     st.add_argument("--limit", type=int, default=50)
+    st.add_argument("--services", action="store_true", help="the stack's processes instead (as `tide health`)")
     st.set_defaults(fn=cmd_status)
 
-    c = sub.add_parser("cancel", help="cancel a job (stops its pods)")
+    c = sub.add_parser("cancel", help="cancel a job (stops its pods); a finished job: nothing to cancel, exit 0",
+                       description="Cancel a job. A job that has already finished (succeeded, failed, cancelled, "
+                                   "rejected) is left as it is: `job X already succeeded; nothing to cancel`, exit 0.")
     c.add_argument("job")
     c.add_argument("--wait", action="store_true")
     c.add_argument("--timeout", type=float, default=120)
@@ -343,8 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     except StackError as exc:
         print(f"tide: {exc}", file=sys.stderr)
         return EXIT_FAIL
+    except ServiceUnavailable as exc:
+        print(f"tide: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     except TimeoutError as exc:
-        print(f"tide: timed out: {exc}", file=sys.stderr)
+        print(f"tide: timed out: {exc or 'no answer'}", file=sys.stderr)
+        return EXIT_FAIL
+    except (nats.errors.Error, OSError) as exc:
+        print(f"tide: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAIL
 
 

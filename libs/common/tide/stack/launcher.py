@@ -1,7 +1,10 @@
 """``tide up``: NATS (JetStream), Redis, the four services and N simulated node agents on one machine.
 
-Every process is started in its own session so that a detached stack outlives the CLI; its
-pids, endpoints and generated credentials are written to ``<home>/stack.json`` (mode 0600).
+Every process is started in its own session; its pids, endpoints and generated credentials are
+written to ``<home>/stack.json`` (mode 0600). Once the stack is up a supervisor thread restarts any
+process that exits without being asked to (backoff in ``tide.stack.supervision``) and keeps
+``<home>/health.json`` current. Every process carries ``TIDE_STACK_HOME=<home>`` in its environment
+(and so do the pods the agents start), which lets ``tide down`` find stragglers.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 
 from tide import subjects
@@ -34,9 +39,24 @@ from tide.stack.servers import (
     redis_server_binary,
     wait_tcp,
 )
+from tide.stack.supervision import (
+    HEALTH_FILE,
+    ProcessHealth,
+    backoff_s,
+    crashes_in_a_row,
+    health_document,
+    read_health,
+    write_health,
+)
 
 HOST = "127.0.0.1"
 SERVICE_MODULES = {"queue": "tide_queue", "placer": "tide_placer", "metrics": "tide_metrics"}
+STACK_MARKER = "TIDE_STACK_HOME"  # in the environment of every process a stack starts
+STOPPING_FILE = "stopping"  # `tide down` writes it first: a supervisor that sees it restarts nothing more
+SUPERVISE_EVERY_S = 0.1
+HEALTH_EVERY_S = 2.0
+
+log = structlog.get_logger()
 
 
 def default_home() -> Path:
@@ -53,6 +73,7 @@ class StackInfo:
     passwords: dict[str, str]
     node_ids: list[str]
     pids: dict[str, int] = field(default_factory=dict)
+    supervisor_pid: int | None = None  # the foreground `tide up` that supervises the stack (`tide down` stops it)
 
     def redis_url(self, user: str) -> str:
         return f"redis://{user}:{self.passwords[user]}@{self.redis_host}:{self.redis_port}/0"
@@ -104,12 +125,17 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def pid_alive(pid: int) -> bool:
+    return _alive(pid)
+
+
 def stack_running(home: Path) -> bool:
     try:
         info = StackInfo.load(home)
     except StackError:
         return False
-    return any(_alive(pid) for pid in info.pids.values())
+    pids = [*info.pids.values(), *([info.supervisor_pid] if info.supervisor_pid else [])]
+    return any(_alive(pid) for pid in pids)
 
 
 def cluster_nodes(nodes: int, node_file: Path | None) -> list[NodeDescription]:
@@ -119,7 +145,7 @@ def cluster_nodes(nodes: int, node_file: Path | None) -> list[NodeDescription]:
 
 
 class Stack:
-    """Starts and stops the whole stack; one instance per ``tide up``."""
+    """Starts, supervises and stops the whole stack; one instance per ``tide up``."""
 
     def __init__(
         self,
@@ -129,20 +155,27 @@ class Stack:
         placers: int = 1,
         env: dict[str, dict[str, str]] | None = None,
         start_agents: bool = True,
+        supervise: bool = True,
     ) -> None:
         """``placers`` > 1 runs several placer processes (placer, placer-2, ...) on one cluster;
         ``env`` adds environment variables per process name (e.g. settings for one service);
         ``start_agents=False`` creates the nodes' credentials but leaves running their agents to the caller
-        (benchmarks that multiplex simulated agents)."""
+        (benchmarks that multiplex simulated agents); ``supervise=False`` restarts nothing."""
         self.start_agents = start_agents
         self.home = home
         self.nodes = nodes
         self.log_format = log_format
         self.services = ["queue", "metrics", "placer", *[f"placer-{i}" for i in range(2, placers + 1)]]
         self.extra_env = env or {}
+        self.supervise = supervise
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.argv: dict[str, tuple[list[str], dict[str, str]]] = {}
+        self.health: dict[str, ProcessHealth] = {}
+        self.held: set[str] = set()  # stopped on purpose (kill): not restarted until restart()
         self.info: StackInfo | None = None
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     # ------------------------------------------------------------ start
     def start(self, timeout_s: float = 60.0) -> StackInfo:
@@ -152,6 +185,7 @@ class Stack:
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         for ready in (self.home / "run").glob("*.ready"):
             ready.unlink()
+        (self.home / STOPPING_FILE).unlink(missing_ok=True)
         node_ids = [n.node_id for n in self.nodes]
         passwords = {name: new_password() for name in (*SERVICES, "admin")}
         passwords.update({node_user(n): new_password() for n in node_ids})
@@ -175,6 +209,7 @@ class Stack:
                 env = {**base, **info.env_for(user), "TIDE_READY_FILE": str(self.home / "run" / f"{name}.ready")}
                 if name == "metrics":
                     env["TIDE_METRICS_PORT"] = str(metrics_port)
+                    env["TIDE_HEALTH_FILE"] = str(self.home / HEALTH_FILE)  # tide_process_restarts_total
                 env.update(self.extra_env.get(name, {}))
                 self._spawn(name, [sys.executable, "-m", SERVICE_MODULES[user]], env)
             self._wait_ready_files(tuple(self.services), timeout_s)
@@ -196,6 +231,10 @@ class Stack:
             raise
         info.pids = {name: p.pid for name, p in self.procs.items()}
         info.save()
+        self._write_health()
+        if self.supervise:
+            self._supervisor = threading.Thread(target=self._supervise, name="tide-supervisor", daemon=True)
+            self._supervisor.start()
         return info
 
     def _start_servers(self, info: StackInfo, nats_port: int, redis_port: int) -> None:
@@ -214,12 +253,19 @@ class Stack:
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         self.argv[name] = (argv, env)
-        log = open(self.home / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        self.procs[name] = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **env}, start_new_session=True,
-        )
-        log.close()
+        log_file = open(self.home / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        with self._lock:
+            self.procs[name] = subprocess.Popen(
+                argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **env, STACK_MARKER: str(self.home.resolve())}, start_new_session=True,
+            )
+            old = self.health.get(name)
+            self.health[name] = ProcessHealth(
+                name=name, pid=self.procs[name].pid, state="running", started_at=time.time(),
+                restarts=old.restarts if old else 0, last_exit=old.last_exit if old else None,
+                crashes_in_a_row=old.crashes_in_a_row if old else 0,
+            )
+        log_file.close()
 
     def _wait_ready_files(self, names: tuple[str, ...], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -233,36 +279,115 @@ class Stack:
                     raise StackError(f"{name} not ready after {timeout_s}s; see {self.home}/logs/{name}.log")
                 time.sleep(0.05)
 
+    # ------------------------------------------------------------ supervision
+    def _supervise(self) -> None:
+        """Restart every process that exits unasked, after its backoff; keep health.json current."""
+        last_written = time.monotonic()
+        while not self._stopping.wait(SUPERVISE_EVERY_S):
+            changed = False
+            if (self.home / STOPPING_FILE).exists():
+                log.info("supervisor_stopping", reason="tide down")
+                return
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                for name, proc in list(self.procs.items()):
+                    if name not in self.held:
+                        changed = self._check(name, proc, time.time()) or changed
+            if changed or time.monotonic() - last_written >= HEALTH_EVERY_S:
+                self._write_health()
+                last_written = time.monotonic()
+
+    def _check(self, name: str, proc: subprocess.Popen[bytes], now: float) -> bool:
+        """One process, under the lock: notice a crash, or restart once the backoff is over. True on a change."""
+        h = self.health[name]
+        if h.state == "restarting":
+            if h.restart_at is not None and now >= h.restart_at:
+                self._respawn(name)
+                return True
+            return False
+        code = proc.poll()
+        if code is None:
+            return False
+        h.crashes_in_a_row = crashes_in_a_row(h.crashes_in_a_row, now - (h.started_at or now))
+        wait_s = backoff_s(h.crashes_in_a_row)
+        h.state, h.last_exit, h.restart_at, h.pid = "restarting", code, now + wait_s, None
+        log.warning("process_exited", process=name, exit_code=code, restarts=h.restarts, backoff_s=wait_s)
+        return True
+
+    def _respawn(self, name: str) -> None:
+        argv, env = self.argv[name]
+        if name in self.services:
+            (self.home / "run" / f"{name}.ready").unlink(missing_ok=True)
+        old = self.health[name]
+        old.restarts += 1
+        self._spawn(name, argv, env)
+        h = self.health[name]
+        log.warning("process_restarted", process=name, exit_code=h.last_exit, restarts=h.restarts, pid=h.pid,
+                    backoff_s=backoff_s(h.crashes_in_a_row))
+        self._save_pids()
+
+    def _save_pids(self) -> None:
+        if self.info is not None and (Path(self.info.home) / "stack.json").exists():
+            self.info.pids = {n: p.pid for n, p in self.procs.items()}
+            self.info.save()
+
+    def _write_health(self) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            rows = [ProcessHealth(**vars(h)) for h in self.health.values()]
+        write_health(self.home, health_document(rows, os.getpid(), time.time()))
+
+    def restarts(self, name: str) -> int:
+        """How often the supervisor restarted this process."""
+        with self._lock:
+            return self.health[name].restarts
+
     # ------------------------------------------------------------ one part
     def kill(self, name: str, sig: int = signal.SIGKILL, timeout_s: float = 10.0) -> int:
-        """Signal one process (e.g. to test a crash) and wait for it to exit; returns its exit code."""
-        proc = self.procs[name]
+        """Stop one process on purpose (e.g. to test a crash) and wait for it to exit; returns its exit code.
+        The supervisor leaves it stopped until ``restart``."""
+        with self._lock:
+            self.held.add(name)
+            self.health[name].state = "stopped"
+            proc = self.procs[name]
         proc.send_signal(sig)
-        return proc.wait(timeout=timeout_s)
+        code = proc.wait(timeout=timeout_s)
+        with self._lock:
+            self.health[name].last_exit = code
+        return code
 
     def restart(self, name: str, timeout_s: float = 30.0, env: dict[str, str] | None = None) -> None:
         """Start a stopped process again with the same command and environment (plus ``env``)."""
         argv, old_env = self.argv[name]
         if name in self.services:
             (self.home / "run" / f"{name}.ready").unlink(missing_ok=True)
-        self._spawn(name, argv, {**old_env, **(env or {})})
+        with self._lock:
+            self._spawn(name, argv, {**old_env, **(env or {})})
+            self.held.discard(name)
         if name in self.services:
             self._wait_ready_files((name,), timeout_s)
-        if self.info is not None:
-            self.info.pids[name] = self.procs[name].pid
-            self.info.save()
+        self._save_pids()
 
     # ------------------------------------------------------------ stop
-    def stop(self) -> None:
-        stop_pids({name: p.pid for name, p in self.procs.items()})
+    def stop(self) -> list[str]:
+        """Stop the supervisor, then every process (restarted ones included); returns their names."""
+        self._stopping.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout=10)
+        with self._lock:
+            pids = {name: p.pid for name, p in self.procs.items()}
+        stopped = stop_pids(pids)
         for p in self.procs.values():
             try:
                 p.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 pass
-        stack_json = self.home / "stack.json"
-        if stack_json.exists():
-            stack_json.unlink()
+        stopped += [f"stray pid {pid}" for pid in stop_marked(self.home)]
+        for name in ("stack.json", HEALTH_FILE):
+            (self.home / name).unlink(missing_ok=True)
+        return stopped
 
 
 def run_blocking(coro: Coroutine[Any, Any, None]) -> None:
@@ -281,26 +406,33 @@ def service_user(name: str) -> str:
     return name.split("-", 1)[0] if name.startswith("placer-") else name
 
 
-def stop_pids(pids: dict[str, int], grace_s: float = 10.0) -> None:
-    """Stop agents and services first (they drain), then Redis and NATS."""
+def stop_pids(pids: dict[str, int], grace_s: float = 10.0) -> list[str]:
+    """Stop agents and services first (they drain), then Redis and NATS: SIGTERM, ``grace_s``, then SIGKILL
+    to the process group. Returns the names of those that were running."""
+    running = [n for n in pids if _alive(pids[n])]
     servers = [n for n in ("redis", "nats") if n in pids]
-    order = [n for n in pids if n.startswith("agent-")] + [n for n in pids if n not in servers and
-                                                             not n.startswith("agent-")] + servers
-    for group in (order[:-2], order[-2:]):
+    agents = [n for n in pids if n.startswith("agent-")]
+    others = [n for n in pids if n not in servers and n not in agents]
+    for group in (agents + others, servers):
         for name in group:
-            try:
-                os.kill(pids[name], signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            _signal(pids[name], signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for name in group:
             while _alive(pids[name]) and not _reaped(pids[name]) and time.monotonic() < deadline:
                 time.sleep(0.05)
             if _alive(pids[name]) and not _reaped(pids[name]):
-                try:
-                    os.kill(pids[name], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _signal(pids[name], signal.SIGKILL, group=True)
+    return running
+
+
+def _signal(pid: int, sig: int, group: bool = False) -> None:
+    try:
+        if group and os.getpgid(pid) == pid:  # started in its own session: its group is its own
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _reaped(pid: int) -> bool:
@@ -312,14 +444,70 @@ def _reaped(pid: int) -> bool:
         return not _alive(pid)
 
 
-def down(home: Path) -> bool:
+def marked_pids(home: Path) -> list[int]:
+    """Processes whose environment says they belong to the stack in ``home`` (Linux /proc)."""
+    needle = f"{STACK_MARKER}={home.resolve()}".encode()
+    found: list[int] = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and _alive(pid):
+            found.append(pid)
+    return found
+
+
+def stop_marked(home: Path, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM, then SIGKILL, every process still marked as part of this stack; returns their pids."""
+    pids = marked_pids(home)
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(_alive(p) and not _reaped(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in pids:
+        if _alive(pid):
+            _signal(pid, signal.SIGKILL)
+    return pids
+
+
+def down(home: Path, timeout_s: float = 60.0) -> list[str] | None:
+    """Stop the stack in ``home``: tell any supervisor to restart nothing more, stop the supervising
+    `tide up` (which stops what it runs), then every process recorded in stack.json and health.json that
+    still runs, then any process marked with the stack's home (pods included). Returns what was stopped,
+    or None when there was no stack."""
+    if not (home / "stack.json").exists() and read_health(home) is None and not marked_pids(home):
+        return None
+    (home / STOPPING_FILE).write_text(f"{os.getpid()}\n")
+    time.sleep(3 * SUPERVISE_EVERY_S)  # a supervisor thread finishes the restart it may be in the middle of
     try:
-        info = StackInfo.load(home)
-    except StackError:
-        return False
-    stop_pids(info.pids)
-    (home / "stack.json").unlink(missing_ok=True)
-    return True
+        info: StackInfo | None = StackInfo.load(home)
+    except (StackError, ValueError, TypeError):
+        info = None
+    recorded: dict[str, int] = dict(info.pids) if info else {}
+    for p in (read_health(home) or {}).get("processes", []):
+        if p.get("pid"):
+            recorded[p["name"]] = p["pid"]
+    stopped: list[str] = []
+    supervisor = info.supervisor_pid if info else None
+    if supervisor and supervisor != os.getpid() and _alive(supervisor):
+        stopped += [f"supervisor (pid {supervisor})", *[n for n, pid in recorded.items() if _alive(pid)]]
+        _signal(supervisor, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(supervisor):
+            _signal(supervisor, signal.SIGKILL)
+    leftover = {n: pid for n, pid in recorded.items() if _alive(pid)}
+    stopped += [n for n in stop_pids(leftover) if n not in stopped]
+    stopped += [f"stray pid {pid}" for pid in stop_marked(home)]
+    for name in ("stack.json", HEALTH_FILE, STOPPING_FILE):
+        (home / name).unlink(missing_ok=True)
+    return stopped
 
 
 async def wait_for_nodes(info: StackInfo, count: int, timeout_s: float) -> None:
