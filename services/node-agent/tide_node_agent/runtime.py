@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import os
 import re
 import shutil
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 from tide.schemas.events import ExitReason, StartPod, parse_agent_pod_id
+
+from tide_node_agent import pod_leader
 
 log = structlog.get_logger()
 
@@ -286,10 +290,13 @@ except OSError:  # pragma: no cover - not Linux
 PR_SET_PDEATHSIG = 1
 
 
+POD_LEADER = Path(__file__).with_name("pod_leader.py")
+
+
 def _preexec(cpus: list[int] | None) -> Callable[[], None]:
     def preexec() -> None:  # runs in the child between fork and exec
-        if _libc is not None:  # the pod's leader dies with the agent (kill -9 included)
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if _libc is not None:  # the pod's leader dies with the agent (kill -9 included), and takes its group
+            _libc.prctl(PR_SET_PDEATHSIG, pod_leader.AGENT_DIED)
         if cpus:
             os.sched_setaffinity(0, cpus)
 
@@ -351,10 +358,11 @@ async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: Lau
     checkpoint_path = pod_dir / f"{cmd.pod}.checkpoint"
     checkpoint_path.unlink(missing_ok=True)
     spec.env[CHECKPOINT_ENV] = str(checkpoint_path)
+    _check_runnable(spec.argv[0], spec.env, pod_dir)  # a missing command is a start failure, as before
     log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = await asyncio.create_subprocess_exec(
-            *spec.argv,
+            sys.executable, "-I", "-S", str(POD_LEADER), str(os.getpid()), *spec.argv,
             stdout=log_file,
             stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL,
@@ -386,6 +394,15 @@ async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: Lau
 
     pod.waiter = asyncio.create_task(wait())
     return pod
+
+
+def _check_runnable(program: str, env: dict[str, str], cwd: Path) -> None:
+    """Raise the OSError exec would raise for ``program`` (the pod leader execs it only later)."""
+    path = (cwd / program) if os.sep in program else shutil.which(program, path=env.get("PATH", os.defpath))
+    if path is None or not Path(path).exists():
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+    if Path(path).is_dir() or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, "Permission denied", program)
 
 
 def _tail(path: Path, size: int = 16384) -> bytes:
