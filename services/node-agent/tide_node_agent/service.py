@@ -357,8 +357,14 @@ class NodeAgent:
             self._log.warning("start_refused", job_id=cmd.job_id, pod=cmd.pod, reason=refusal)
             return CommandAck(ok=False, error=refusal)
         self._raise_floor(cmd.job_id, attempt)
-        for old in list(self.pods.values()):  # a newer token: whatever older attempt runs here is stale
-            if old.cmd.job_id == cmd.job_id and parse_agent_pod_id(old.cmd.pod)[1] < attempt:
+        # a newer token: whatever older attempt of the job (older than its oldest live one: elastic extras
+        # start with a newer token beside the gang's), or of this pod, runs here is stale
+        job_floor = attempt if cmd.job_floor is None else min(cmd.job_floor, attempt)
+        name = parse_agent_pod_id(cmd.pod)[0]
+        for old in list(self.pods.values()):
+            old_name, old_attempt = parse_agent_pod_id(old.cmd.pod)
+            stale = old_attempt < job_floor or (old_name == name and old_attempt < attempt)
+            if old.cmd.job_id == cmd.job_id and stale:
                 self._log.warning("stale_pod_stopping", job_id=cmd.job_id, pod=old.cmd.pod, newer=cmd.pod)
                 asyncio.get_running_loop().create_task(old.stop(0.0))
         known = {g.index for g in self.node.gpus}

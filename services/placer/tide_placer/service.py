@@ -26,12 +26,24 @@ from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.clock import wall_clock
 from tide.core import DEFAULT_POLICY, Allocation, Placer, Unfit
-from tide.core.cycle import Bind, CycleState, plan_cycle
+from tide.core.cycle import Bind, CycleState, TimedOut, plan_cycle
 from tide.core.job_placement import (
     PodPlacement,
     claim_items,
+    missing_extras,
+    pod_name,
 )
-from tide.core.lifecycle import accepts_exit, mark_pod_exited, mark_pod_started, pod_is_current
+from tide.core.lifecycle import (
+    accepts_exit,
+    extras_attempt,
+    holds_attempt,
+    live_floor,
+    mark_pod_exited,
+    mark_pod_started,
+    pod_is_current,
+    pod_token,
+    reset_pod,
+)
 from tide.core.queue_order import pending_score
 from tide.core.queues import (
     QueueTree,
@@ -49,6 +61,7 @@ from tide.schemas.events import (
     JobState,
     NodeRegistered,
     PodExited,
+    PodRecord,
     PodStarted,
     PodState,
     StartPod,
@@ -86,6 +99,7 @@ class Reserved:
     assignments: dict[int, list[GpuAssignment]]
     resv: str
     attempt: int
+    grow: bool = False  # elastic extras for a job already running on its gang
 
 
 class PlacerService:
@@ -108,6 +122,8 @@ class PlacerService:
         self.leases: dict[str, dict[str, float]] = {}
         self._rescheduled: set[str] = set()
         self._deaf = False
+        self._extra_stop_sent: dict[str, float] = {}  # '<job>/<pod>' -> when a pod-level stop was last sent
+        self._extras_wanted = True  # a running elastic job misses extras: plan even with nothing pending
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
 
@@ -204,7 +220,7 @@ class PlacerService:
         """Gather the snapshot, let the core plan the cycle, carry out the plan."""
         tree, tides = await self.queue_config()
         pending_ids = await self.jobs.pending()
-        if not pending_ids and not tides:
+        if not pending_ids and not tides and not self._extras_wanted:
             return
         now = time.time()
         pending: list[JobRecord] = []
@@ -216,6 +232,7 @@ class PlacerService:
                 continue
             pending.append(record)
         nodes, cluster, running = await self.view.refresh(pending_ids)
+        self._extras_wanted = any(r.state == JobState.RUNNING and missing_extras(r) for r, _ in running.values())
         if not nodes:
             return
         state = CycleState(
@@ -231,14 +248,21 @@ class PlacerService:
             wall=wall_clock(self.settings.clock_file),
             min_runtime_s=self.settings.min_runtime_s,
             preemption_timeout_s=self.settings.preemption_timeout_s,
+            extra_allocs=self.view.extra_allocs(running),
         )
+        await self._resend_extra_stops(running)
         plan = plan_cycle(state, self.placer)
         if self.settings.decision_log is not None and plan.binds:
             from tide.sim.replay_log import append_decision
 
             append_decision(self.settings.decision_log, state, plan, self.placer.policy)
+        for timed_out in plan.timed_out:
+            await self._timed_out(timed_out)
         for preemption in plan.preemptions:
-            await self._preempt(preemption.job_id, preemption.by, preemption.why)
+            if preemption.pods:
+                await self._preempt_pods(preemption.job_id, preemption.pods, preemption.by, preemption.why)
+            else:
+                await self._preempt(preemption.job_id, preemption.by, preemption.why)
         for job_id, reason in plan.nominations.items():
             victims = [p.job_id for p in plan.preemptions if p.by == job_id]
             log.info("preemption", job_id=job_id, victims=victims, reason=reason)
@@ -247,13 +271,13 @@ class PlacerService:
             await self._not_placed(record, unfit)
         gate = asyncio.Semaphore(self.settings.placer_bind_concurrency)
 
-        async def reserve(b: Bind) -> None:
+        async def reserve(b: Bind, grow: bool = False) -> None:
             async with gate:
                 if b.feedback is not None:
                     log.info("feedback_applied", job_id=b.record.job_id, family=b.feedback.family,
                              memory_multiplier=b.feedback.memory_multiplier, affinity=b.feedback.affinity)
                 with job_span(tracer, "placer.reserve", b.record.job_id, pods=len(b.placements)):
-                    reserved = await self._reserve(b.record, b.placements, self.view.by_id)
+                    reserved = await self._reserve(b.record, b.placements, self.view.by_id, grow)
             if reserved is None:
                 return
             task = asyncio.get_running_loop().create_task(self._start_or_roll_back(reserved))
@@ -263,7 +287,7 @@ class PlacerService:
         # The plan's gangs are independent of each other (each was placed on what the previous left).
         # The cycle waits for their reservations (so the next cycle sees them in Redis) but not for the
         # agents' acknowledgements: starting and committing go on in the background.
-        await asyncio.gather(*[reserve(b) for b in plan.binds])
+        await asyncio.gather(*[reserve(b) for b in plan.binds], *[reserve(g, True) for g in plan.grows])
 
     async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False
                       ) -> JobRecord | None:
@@ -299,7 +323,76 @@ class PlacerService:
             log.info("job_unschedulable", job_id=record.job_id, reason=unfit.reason)
             await publish_job_event(self.js, updated, "unschedulable")
 
+    async def _timed_out(self, timed_out: TimedOut) -> None:
+        """A pending gang past its gangTimeoutSeconds: it fails, or its spec shrinks to minMember 1."""
+        job_id = timed_out.record.job_id
+
+        def change(r: JobRecord) -> bool:
+            if r.state not in PLACEABLE or r.cancel_requested or r.reservation or r.spec != timed_out.record.spec:
+                return False
+            if timed_out.action == "fail":
+                r.state, r.finished_at = JobState.FAILED, time.time()
+            elif timed_out.spec is not None:
+                r.spec = timed_out.spec
+            r.reason = timed_out.reason
+            return True
+
+        updated = await self._update(job_id, change, dequeue=timed_out.action == "fail")
+        if updated is None:
+            return
+        log.info("gang_timeout", job_id=job_id, action=timed_out.action, reason=timed_out.reason)
+        await publish_job_event(self.js, updated, "failed" if timed_out.action == "fail" else "shrunk",
+                                reason=timed_out.reason)
+
     # ------------------------------------------------------------ preemption
+    async def _preempt_pods(self, job_id: str, pods: tuple[int, ...], by: str, why: str) -> None:
+        """Stop only some elastic extra pods of a running job (pod-level preemption): the job keeps running
+        on the rest; each stopped extra wants placement again once its exit is in."""
+        chosen: list[tuple[str, str, int]] = []
+
+        def mark(r: JobRecord) -> bool:
+            chosen.clear()
+            if r.state != JobState.RUNNING or r.cancel_requested:
+                return False
+            for p in r.pods:
+                if (p.index in pods and p.index >= r.spec.spec.gang_size and p.node and not p.stopping
+                        and p.state not in POD_DONE_STATES):
+                    p.stopping, p.reason = True, f"preempted by {by} ({why})"
+                    chosen.append((p.name, p.node, pod_token(r, p)))
+            return bool(chosen)
+
+        updated = await self._update(job_id, mark)
+        if updated is None:
+            return
+        grace = updated.spec.spec.grace_period_s
+        for name, node, token in chosen:
+            log.info("extra_pod_preempted", job_id=job_id, pod=name, node_id=node, by=by, reason=why)
+            await publish_job_event(self.js, updated, "pod-preempted", pod=name, node=node,
+                                    reason=f"preempted by {by} ({why})")
+            await self._stop_extra(job_id, name, node, token, grace, f"preempted by {by}")
+
+    async def _stop_extra(self, job_id: str, pod: str, node: str, token: int, grace: float, reason: str) -> None:
+        self._extra_stop_sent[f"{job_id}/{pod}"] = time.monotonic()
+        err = await self._send(node, StopPod(job_id=job_id, pod=agent_pod_id(pod, token), grace_s=grace,
+                                             reason=reason))
+        if err:  # the node is gone: the pod is as good as stopped
+            await self._pod_exited(PodExited(node_id=node, job_id=job_id, pod=agent_pod_id(pod, token),
+                                             exit_code=None, reason=ExitReason.STOPPED, message=err))
+
+    async def _resend_extra_stops(self, running: dict[str, tuple[JobRecord, list[Allocation]]]) -> None:
+        """Extras marked stopping whose stop was not sent by this placer lately (it restarted, the agent
+        missed it) are told again, so a pod-level preemption survives a placer restart."""
+        now = time.monotonic()
+        for record, _ in running.values():
+            for p in record.pods:
+                key = f"{record.job_id}/{p.name}"
+                if not (p.stopping and p.node and p.state not in POD_DONE_STATES):
+                    self._extra_stop_sent.pop(key, None)
+                    continue
+                if now - self._extra_stop_sent.get(key, -FENCE_RESEND_S) >= FENCE_RESEND_S:
+                    await self._stop_extra(record.job_id, p.name, p.node, pod_token(record, p),
+                                           record.spec.spec.grace_period_s, p.reason or "preempted")
+
     async def _preempt(self, job_id: str, by: str, why: str) -> None:
         """Stop a running job gracefully (checkpoint notice, SIGTERM, grace, SIGKILL) and requeue it."""
         def mark(r: JobRecord) -> bool:
@@ -322,8 +415,9 @@ class PlacerService:
             if r.state != JobState.PREEMPTED or any(p.node and p.state not in POD_DONE_STATES for p in r.pods):
                 return False
             r.state, r.reason = JobState.PENDING, f"requeued after preemption by {r.preempted_by}"
+            r.queued_at = time.time()
             for p in r.pods:
-                p.node, p.gpus, p.state, p.exit_code, p.reason = None, [], PodState.PENDING, None, None
+                reset_pod(p)
             return True
 
         updated = await self._update(job_id, back)
@@ -335,8 +429,11 @@ class PlacerService:
 
     # ------------------------------------------------------------ reserve -> start -> commit
     async def _reserve(self, record: JobRecord, placements: list[PodPlacement],
-                       by_id: dict[str, NodeDescription]) -> Reserved | None:
+                       by_id: dict[str, NodeDescription], grow: bool = False) -> Reserved | None:
         """Reserve every pod's slots in one atomic step (with a TTL) and record the attempt.
+
+        ``grow``: the pods are elastic extras of a job running on its gang; the attempt (a new fencing token
+        for them alone) leaves its running pods as they are.
 
         Returns None when Redis refused (the cluster view was stale: it is invalidated) or the job changed
         meanwhile (cancelled, or another placer got there first; the slots are handed back)."""
@@ -347,7 +444,7 @@ class PlacerService:
         claims = [
             PodClaim(
                 job_id=job_id,
-                pod=record.pods[p.pod_index].name,
+                pod=pod_name(job_id, p.pod_index),
                 items=tuple(ClaimItem(n, f, a) for n, f, a in claim_items(
                     p.alloc, {g.index: g.model for g in by_id[p.alloc.node_id].gpus})),
                 alloc=p.alloc.to_dict(),
@@ -362,23 +459,42 @@ class PlacerService:
             return None
 
         def assign(r: JobRecord) -> bool:
-            if r.state not in PLACEABLE or r.cancel_requested or r.attempts != attempt - 1:
+            if r.cancel_requested or r.attempts != attempt - 1:
                 return False
-            r.state, r.reason, r.attempts, r.reservation = JobState.PENDING, "starting", attempt, resv
-            r.nominated_at = None
+            if grow:
+                pods = {p.index: p for p in r.pods}
+                if r.state != JobState.RUNNING or r.reservation or any(
+                        p.pod_index in pods and pods[p.pod_index].node for p in placements):
+                    return False
+                for pod in r.pods:  # the running pods keep their token
+                    if pod.node and pod.attempt is None:
+                        pod.attempt = r.attempts
+                r.attempts, r.reservation = attempt, resv
+            else:
+                if r.state not in PLACEABLE or (r.spec != record.spec and r.spec.spec.gang_size > 1):
+                    return False
+                r.spec = record.spec  # a gang shrunk by its timeout
+                r.state, r.reason, r.attempts, r.reservation = JobState.PENDING, "starting", attempt, resv
+                r.nominated_at = None
+            have = {p.index for p in r.pods}
+            r.pods.extend(PodRecord(name=pod_name(job_id, i), index=i)
+                          for i in sorted({p.pod_index for p in placements} - have))
+            r.pods.sort(key=lambda p: p.index)
+            by_index = {p.index: p for p in r.pods}
             for p in placements:
-                pod = r.pods[p.pod_index]
-                pod.node, pod.state = p.alloc.node_id, PodState.STARTING
+                pod = by_index[p.pod_index]
+                pod.node, pod.state, pod.attempt, pod.stopping = p.alloc.node_id, PodState.STARTING, attempt, False
                 pod.gpus = [g.uuid for g in assignments[p.pod_index]]
                 pod.exit_code = pod.reason = None
             return True
 
-        updated = await self._update(job_id, assign, dequeue=True)
+        updated = await self._update(job_id, assign, dequeue=not grow)
         if updated is None:  # cancelled, or another placer got there first: not a stale view
             await self.claims.release([c.key for c in claims], resv)
             return None
-        log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}))
-        return Reserved(updated, placements, assignments, resv, attempt)
+        log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}),
+                 pods=[p.pod_index for p in placements], extras=grow)
+        return Reserved(updated, placements, assignments, resv, attempt, grow)
 
     async def _start_or_roll_back(self, reserved: Reserved) -> None:
         """A background start that fails outright (Redis or NATS away) undoes its attempt, logged."""
@@ -397,17 +513,24 @@ class PlacerService:
         updated, placements, resv, attempt = reserved.record, reserved.placements, reserved.resv, reserved.attempt
         job_id = updated.job_id
         with job_span(tracer, "placer.start", job_id, pods=len(placements)):
-            placed = publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at,
-                                       reason="placed")
+            if reserved.grow:
+                placed = publish_job_event(self.js, updated, "extras-placed",
+                                           reason=f"elastic extra pods {[p.pod_index for p in placements]}")
+            else:
+                placed = publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at,
+                                           reason="placed")
+            by_index = {p.index: p for p in updated.pods}
+            floor = live_floor(updated)
+            world = sum(1 for p in updated.pods if p.node and p.state not in POD_DONE_STATES)
             tmpl = updated.spec.spec.template
             share = tmpl.resources.gpu_share
             starts = [
                 self._send(p.alloc.node_id, StartPod(
                     event_id=f"{resv}.{p.pod_index}.start",
                     job_id=job_id,
-                    pod=agent_pod_id(updated.pods[p.pod_index].name, attempt),
+                    pod=agent_pod_id(by_index[p.pod_index].name, attempt),
                     pod_index=p.pod_index,
-                    world_size=len(placements),
+                    world_size=world,
                     command=tmpl.command,
                     image=tmpl.image,
                     env={**tmpl.env, "TIDE_PREEMPTIONS": str(updated.preemptions),
@@ -417,6 +540,7 @@ class PlacerService:
                     share_memory_mib=p.alloc.gpu_mem_mib[0] if share and p.alloc.gpu_mem_mib else None,
                     cpu_milli=p.alloc.cpu_milli,
                     memory_mib=p.alloc.memory_mib,
+                    job_floor=floor,
                 ))
                 for p in placements
             ]
@@ -442,7 +566,7 @@ class PlacerService:
                 return True
 
             await self._update(job_id, committed)
-            log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements))
+            log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements), extras=reserved.grow)
 
     async def _send(self, node_id: str, command: StartPod | StopPod) -> str:
         """Send a command to a node agent; returns '' on acknowledgement, else the error.
@@ -470,31 +594,27 @@ class PlacerService:
     async def _rollback(self, job_id: str, attempt: int, why: str, bad_nodes: list[str] | None = None) -> None:
         """Undo an attempt whole: stop its live pods, release every claim, requeue with backoff."""
         record = await self.jobs.get(job_id)
-        if record is None or record.attempts != attempt or record.state in TERMINAL_STATES:
+        if record is None or not holds_attempt(record, attempt) or record.state in TERMINAL_STATES:
+            return
+        if extras_attempt(record, attempt):
+            await self._rollback_extras(record, attempt, why, bad_nodes or [])
             return
         log.warning("job_rollback", job_id=job_id, attempt=attempt, reason=why, bad_nodes=bad_nodes or [])
         skip = set(bad_nodes or [])
         live = [pod for pod in record.pods if pod.node and pod.state not in POD_DONE_STATES]
-        await asyncio.gather(*[
-            self._send(pod.node or "", StopPod(job_id=job_id, pod=agent_pod_id(pod.name, attempt), grace_s=0,
-                                               reason="rollback"))
-            for pod in live if pod.node not in skip
-        ])
-        for pod in live:  # a node that did not answer may only be stalled: it must not run the attempt later
-            if pod.node in skip:
-                await self._tell(pod.node or "", StopPod(job_id=job_id, pod=agent_pod_id(pod.name, attempt),
-                                                         grace_s=0, reason="rollback"))
+        await self._stop_now(record, live, skip)
         await self.claims.release([keys.claim(job_id, p.name) for p in record.pods], record.reservation or "")
         backoff = self.settings.requeue_backoff_s * 2 ** min(attempt - 1, 6)
 
         def back_to_pending(r: JobRecord) -> bool:
-            if r.attempts != attempt or r.state in TERMINAL_STATES:
+            if not holds_attempt(r, attempt) or r.state in TERMINAL_STATES:
                 return False
             r.state, r.reason, r.reservation = JobState.PENDING, f"requeued: {why}", None
             r.not_before = time.time() + backoff
+            r.queued_at = time.time()
             r.avoid_nodes = sorted(set(r.avoid_nodes) | skip)
             for p in r.pods:
-                p.node, p.gpus, p.state, p.exit_code, p.reason = None, [], PodState.PENDING, None, None
+                reset_pod(p)
             return True
 
         updated = await self._update(job_id, back_to_pending)
@@ -505,6 +625,47 @@ class PlacerService:
             return
         await self.jobs.requeue(job_id, pending_score_of(updated))
         await publish_job_event(self.js, updated, "requeued")
+
+    async def _stop_now(self, record: JobRecord, pods: list[PodRecord], skip: set[str]) -> None:
+        """Stop pods at once (each by its own token); a node that did not answer may only be stalled: it
+        gets a stop it must find behind the start, without waiting for an answer."""
+        job_id = record.job_id
+        await asyncio.gather(*[
+            self._send(pod.node or "", StopPod(job_id=job_id, pod=agent_pod_id(pod.name, pod_token(record, pod)),
+                                               grace_s=0, reason="rollback"))
+            for pod in pods if pod.node not in skip
+        ])
+        for pod in pods:
+            if pod.node in skip:
+                await self._tell(pod.node or "", StopPod(
+                    job_id=job_id, pod=agent_pod_id(pod.name, pod_token(record, pod)), grace_s=0, reason="rollback"))
+
+    async def _rollback_extras(self, record: JobRecord, attempt: int, why: str, bad_nodes: list[str]) -> None:
+        """Undo an attempt that placed only elastic extras: stop and release those pods; the job keeps
+        running on its gang and the extras want placement again."""
+        job_id = record.job_id
+        log.warning("extras_rollback", job_id=job_id, attempt=attempt, reason=why, bad_nodes=bad_nodes)
+        skip = set(bad_nodes)
+        pods = [p for p in record.pods if p.node and pod_token(record, p) == attempt]
+        await self._stop_now(record, [p for p in pods if p.state not in POD_DONE_STATES], skip)
+        resv = record.reservation if record.reservation == f"{job_id}:{attempt}" else ""
+        await self.claims.release([keys.claim(job_id, p.name) for p in pods], resv)
+
+        def back(r: JobRecord) -> bool:
+            if not extras_attempt(r, attempt):
+                return False
+            if r.reservation == f"{job_id}:{attempt}":
+                r.reservation = None
+            r.avoid_nodes = sorted(set(r.avoid_nodes) | skip)
+            for p in r.pods:
+                if p.node and pod_token(r, p) == attempt:
+                    reset_pod(p)
+            return True
+
+        updated = await self._update(job_id, back)
+        if updated is not None:
+            await publish_job_event(self.js, updated, "extras-requeued", reason=f"elastic extras: {why}")
+            self._kick.set()
 
     # ------------------------------------------------------------ stopping
     async def _process_stop_requests(self) -> None:
@@ -523,12 +684,13 @@ class PlacerService:
                 continue
             grace = record.spec.spec.grace_period_s
             for pod in live:
+                token = pod_token(record, pod)
                 err = await self._send(pod.node or "", StopPod(
-                    job_id=job_id, pod=agent_pod_id(pod.name, record.attempts), grace_s=grace,
+                    job_id=job_id, pod=agent_pod_id(pod.name, token), grace_s=grace,
                     reason=record.reason or "stop"))
                 if err:  # the node is gone: the pod is as good as stopped
                     await self._pod_exited(PodExited(
-                        node_id=pod.node or "", job_id=job_id, pod=agent_pod_id(pod.name, record.attempts),
+                        node_id=pod.node or "", job_id=job_id, pod=agent_pod_id(pod.name, token),
                         exit_code=None, reason=ExitReason.STOPPED, message=err))
 
     async def _finish_cancel(self, job_id: str) -> None:
@@ -599,7 +761,7 @@ class PlacerService:
             record = await self.jobs.get(job_id)
             pod_rec = next((p for p in record.pods if p.name == pod), None) if record else None
             if record and pod_rec and pod_rec.state == PodState.RUNNING:
-                out.append((job_id, pod, record.attempts))
+                out.append((job_id, pod, pod_token(record, pod_rec)))
         return out
 
     def reschedule_after(self, node_id: str) -> float:
@@ -716,7 +878,8 @@ class PlacerService:
         turned: list[bool] = []
 
         def change(r: JobRecord) -> bool:
-            if r.attempts != attempt:
+            p = next((p for p in r.pods if p.name == pod), None)
+            if p is None or pod_token(r, p) != attempt or p.node != started.node_id:
                 return False
             turned.append(mark_pod_started(r, pod))
             return True
@@ -737,7 +900,11 @@ class PlacerService:
         if not accepts_exit(record, pod, attempt, exited.node_id):
             return  # not the current token (an attempt rolled back, a pod already counted): changes nothing
         assert record is not None
-        if exited.reason == ExitReason.LOST and not record.cancel_requested and record.state not in TERMINAL_STATES:
+        # a lost elastic extra of a running job is not rolled back with its job: it wants placement again
+        extra = next(p.index for p in record.pods if p.name == pod) >= record.spec.spec.gang_size
+        lost_extra = extra and record.state == JobState.RUNNING
+        if (exited.reason == ExitReason.LOST and not lost_extra and not record.cancel_requested
+                and record.state not in TERMINAL_STATES):
             await self._rollback(exited.job_id, attempt, f"pod {pod} lost: {exited.message}", [exited.node_id])
             return
         await self.claims.release([keys.claim(exited.job_id, pod)])

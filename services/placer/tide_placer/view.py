@@ -153,6 +153,19 @@ class ClusterView:
                 continue
             self.allocs[key] = alloc
 
+    def extra_allocs(self, running: Running) -> dict[str, dict[int, Allocation]]:
+        """job -> pod index -> allocation of each elastic extra pod (index >= minMember) holding a claim."""
+        out: dict[str, dict[int, Allocation]] = {}
+        for key, alloc in self.allocs.items():
+            _, _, job_id, pod = key.split(":", 3)
+            held = running.get(job_id)
+            index = pod.rpartition("-")[2]
+            if held is None or not held[0].spec.spec.elastic or not index.isdigit():
+                continue
+            if int(index) >= held[0].spec.spec.gang_size:
+                out.setdefault(job_id, {})[int(index)] = alloc
+        return out
+
     async def _running(self) -> Running:
         by_job: dict[str, list[Allocation]] = {}
         for key, alloc in self.allocs.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tide.schemas.events import POD_DONE_STATES, ExitReason, JobRecord, JobState, PodExited, PodState
+from tide.schemas.events import POD_DONE_STATES, ExitReason, JobRecord, JobState, PodExited, PodRecord, PodState
 
 
 def mark_pod_started(record: JobRecord, pod: str) -> bool:
@@ -26,6 +26,12 @@ def mark_pod_started(record: JobRecord, pod: str) -> bool:
     return False
 
 
+def reset_pod(p: PodRecord) -> None:
+    """The pod wants placement again (a requeue, a rollback, a stopped or lost elastic extra)."""
+    p.node, p.gpus, p.state, p.exit_code, p.reason, p.stopping, p.attempt = None, [], PodState.PENDING, None, None, \
+        False, None
+
+
 def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | None, list[str]]:
     """Record a pod's exit. Returns (the job's new terminal state or None, pods still to stop).
 
@@ -34,9 +40,9 @@ def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | No
     ran exited 0 (a stopped extra is not a failure)."""
     gang = record.spec.spec.gang_size
     for p in record.pods:
-        if (p.name == exited.pod and p.index >= gang and exited.reason == ExitReason.STOPPED
+        if (p.name == exited.pod and p.index >= gang and exited.reason in (ExitReason.STOPPED, ExitReason.LOST)
                 and record.state == JobState.RUNNING and not record.cancel_requested):
-            p.node, p.gpus, p.state, p.exit_code, p.reason, p.stopping = None, [], PodState.PENDING, None, None, False
+            reset_pod(p)
             return None, []
         if p.name == exited.pod and p.state not in POD_DONE_STATES:
             p.exit_code = exited.exit_code
@@ -79,6 +85,31 @@ def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | No
 # say whether a pod an agent reports (or an exit it sends) belongs to the job's current attempt.
 
 
+def pod_token(record: JobRecord, pod: PodRecord) -> int:
+    """A pod's fencing token: the attempt that placed it (elastic extras placed after the job started have
+    a newer one than its gang), else the job's attempt."""
+    return pod.attempt if pod.attempt is not None else record.attempts
+
+
+def live_floor(record: JobRecord) -> int:
+    """The oldest token among the job's placed pods (its attempt when none is placed)."""
+    return min((pod_token(record, p) for p in record.pods if p.node and p.state not in POD_DONE_STATES),
+               default=record.attempts)
+
+
+def holds_attempt(record: JobRecord, attempt: int) -> bool:
+    """Is ``attempt`` the job's latest attempt or the token of one of its placed pods?"""
+    return record.attempts == attempt or any(p.node and pod_token(record, p) == attempt for p in record.pods)
+
+
+def extras_attempt(record: JobRecord, attempt: int) -> bool:
+    """Did ``attempt`` place only elastic extras of a job already running on its gang (so undoing it
+    undoes only those pods)?"""
+    gang = record.spec.spec.gang_size
+    pods = [p for p in record.pods if p.node and pod_token(record, p) == attempt]
+    return record.state == JobState.RUNNING and bool(pods) and all(p.index >= gang for p in pods)
+
+
 def pod_is_current(record: JobRecord | None, pod: str, attempt: int, node: str) -> bool:
     """True when ``pod`` of attempt ``attempt`` on ``node`` is the live pod the job's record holds.
 
@@ -86,10 +117,10 @@ def pod_is_current(record: JobRecord | None, pod: str, attempt: int, node: str) 
     the record already counts as exited, a pod on a node the record does not place it on, or a pod of a
     job that does not exist.
     """
-    if record is None or record.attempts != attempt:
+    if record is None:
         return False
     p = next((p for p in record.pods if p.name == pod), None)
-    return p is not None and p.node == node and p.state not in POD_DONE_STATES
+    return p is not None and pod_token(record, p) == attempt and p.node == node and p.state not in POD_DONE_STATES
 
 
 def accepts_exit(record: JobRecord | None, pod: str, attempt: int, node: str) -> bool:

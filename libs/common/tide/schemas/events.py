@@ -90,6 +90,8 @@ class PodRecord(BaseModel):
     exit_code: int | None = None
     reason: str | None = None
     stopping: bool = Field(default=False, description="an elastic extra being stopped by a preemption")
+    attempt: int | None = Field(default=None, description="its fencing token (the job attempt that placed it); "
+                                                          "None: the job's attempts")
 
 
 class JobRecord(BaseModel):
@@ -207,6 +209,9 @@ class StartPod(Message):
     memory_mib: int = 0
     expires_at: float | None = Field(
         default=None, description="wall time after which the agent must not start it (the placer gave up)")
+    job_floor: int | None = Field(
+        default=None, description="the oldest attempt of the job still live (elastic extras start with a newer "
+                                  "one beside it); older pods of the job are stale. None: this start's attempt")
 
 
 class StopPod(Message):
