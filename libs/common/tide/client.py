@@ -57,13 +57,18 @@ def new_job_id(name: str) -> str:
 
 
 def nats_reachable(url: str, timeout_s: float = 2.0) -> bool:
-    """Whether something accepts TCP connections at the NATS URL (before nats-py would retry forever)."""
+    """Whether something accepts TCP connections at the NATS URL within ``timeout_s`` (asked before connecting:
+    nats-py would retry forever)."""
     parsed = urlparse(url)
-    try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=timeout_s):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
 
 class TideClient:
@@ -75,7 +80,7 @@ class TideClient:
     @classmethod
     async def connect(cls, settings: Settings) -> TideClient:
         """Connect (and reconnect after outages); raises ServiceUnavailable at once when NATS is not there."""
-        if not nats_reachable(settings.nats_url):
+        if not await asyncio.to_thread(nats_reachable, settings.nats_url):
             raise ServiceUnavailable("nats", settings.nats_url)
 
         async def quiet(exc: Exception) -> None:

@@ -368,6 +368,9 @@ class Stack:
             self.held.discard(name)
         if name in self.services:
             self._wait_ready_files((name,), timeout_s)
+        elif name in ("nats", "redis") and self.info is not None:
+            port = int(self.info.nats_url.rsplit(":", 1)[1]) if name == "nats" else self.info.redis_port
+            wait_tcp(HOST, port, timeout_s)
         self._save_pids()
 
     # ------------------------------------------------------------ stop
