@@ -291,3 +291,21 @@ def test_timeout_fields_are_validated_by_name(body: dict, field: str) -> None:
     with pytest.raises(ValidationError) as info:
         JobSpec.model_validate(raw)
     assert field in str(info.value)
+
+
+# ---------------------------------------------------------------- the replay carries the plans out
+def test_the_replay_runs_extras_and_fails_a_timed_out_gang() -> None:
+    from tide.sim.replay import FULL, Replay
+    from tide.sim.replay_workload import ReplayJob, Workload, WorkloadConfig
+
+    jobs = [ReplayJob("el", spec("el", replicas=4, min_member=2), 0.0, 3600.0, "offline-training"),
+            ReplayJob("strict", spec("strict", replicas=2, timeout=60), 10.0, 600.0, "offline-training"),
+            ReplayJob("soft", spec("soft", replicas=2, timeout=60, on_timeout="shrink"), 20.0, 600.0,
+                      "offline-training")]
+    run = Replay(Workload([small_node("n0", gpus=4)], jobs, {}, 1800.0, WorkloadConfig(horizon_s=1800.0)), FULL)
+    run.run()
+    el, strict, soft = run.records["el"], run.records["strict"], run.records["soft"]
+    assert el.state == JobState.RUNNING
+    assert strict.state == JobState.FAILED and strict.reason.startswith("gang timeout: 2 of 2 pods")
+    assert soft.spec.spec.gang_size == 1 and soft.state == JobState.PENDING  # shrunk; waits for one GPU
+    assert sorted(p.index for p in el.pods if p.node) == [0, 1, 2, 3]

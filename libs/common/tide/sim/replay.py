@@ -11,6 +11,10 @@ service does with Redis and node agents:
 - binds: ``cluster.allocate`` and the job's record (attempt, pods, ``mark_pod_started``);
 - preemptions: the victim is marked preempted (``preemptions`` + 1), its claims stay until its grace
   period ends, then it is requeued with its original submission time; the preemptor is nominated;
+- elastic jobs: a bind's extra pods start with it; extras for running jobs (``Plan.grows``) start at
+  once; a preempted extra pod gives its GPUs back at once and wants placement again (the job runs on);
+  the work of a job does not depend on its extras;
+- gang timeouts (``Plan.timed_out``): ``fail`` ends the job failed, ``shrink`` takes the new spec;
 - exits: ``mark_pod_exited`` decides the job's outcome; an OOM-failed job is resubmitted: with the
   feedback loop through ``tide.core.feedback`` (family multiplier, ``resubmission``), without it with
   the same request (a user retrying), at most ``FeedbackPolicy.max_resubmits`` times either way.
@@ -36,8 +40,8 @@ from tide.core.cluster import Cluster
 from tide.core.cycle import CycleState, plan_cycle
 from tide.core.feedback import after_clean_run, after_oom, resubmission
 from tide.core.frag import FragModel, TypicalPods
-from tide.core.job_placement import job_demand, pod_request
-from tide.core.lifecycle import mark_pod_exited, mark_pod_started
+from tide.core.job_placement import PodPlacement, job_demand, pod_name, pod_request
+from tide.core.lifecycle import mark_pod_exited, mark_pod_started, reset_pod
 from tide.core.model import Allocation
 from tide.core.placer import Placer
 from tide.core.queues import QueueTree
@@ -124,6 +128,7 @@ class Replay:
         self.jobs: dict[str, _Job] = {}
         self.pending: dict[str, JobRecord] = {}
         self.running: dict[str, tuple[JobRecord, list[Allocation]]] = {}
+        self.extra_allocs: dict[str, dict[int, Allocation]] = {}  # job -> pod index -> elastic extra
         self.groups: dict[str, list[str]] = {}
         self.weights: dict[str, FamilyWeights] = {}
         self.events: list[tuple[float, int, str, str, int]] = []
@@ -189,6 +194,13 @@ class Replay:
         self.jobs[job_id] = _Job(source, source.duration, t, group, queued_since=t, resubmits=resubmits,
                                  work_milli=work * (1 if group else source.gang))
         self.pending[job_id] = record
+        self._timeout_check(record, t)
+
+    def _timeout_check(self, record: JobRecord, t: float) -> None:
+        """A cycle just after a pending gang's gangTimeoutSeconds runs out (the plan fails or shrinks it)."""
+        body = record.spec.spec
+        if body.gang_timeout_s is not None and body.gang_size > 1:
+            self.push(t + body.gang_timeout_s + 1e-3, "timeout", record.job_id)
 
     # ------------------------------------------------------------ the loop
     def run(self) -> ReplayResult:
@@ -250,10 +262,23 @@ class Replay:
         self.stats["cycles"] += 1
         state = CycleState(nodes=self.nodes, cluster=self.cluster, pending=list(self.pending.values()),
                            running=self.running, tree=self.tree, tides=self.tides, weights=self.weights,
-                           now=self.last_t, wall=EPOCH + timedelta(seconds=self.start_s + self.last_t))
+                           now=self.last_t, wall=EPOCH + timedelta(seconds=self.start_s + self.last_t),
+                           extra_allocs=self.extra_allocs)
         plan = plan_cycle(state, self.placer)
         t = self.last_t
+        for out in plan.timed_out:
+            record = self.records[out.record.job_id]
+            record.reason = out.reason
+            if out.action == "fail":
+                record.state, record.finished_at = JobState.FAILED, t
+                self.pending.pop(record.job_id, None)
+                self.stats["failed"] += 1
+            elif out.spec is not None:
+                record.spec = out.spec
         for p in plan.preemptions:
+            if p.pods:
+                self._preempt_extras(p.job_id, p.pods)
+                continue
             self._preempt(p.job_id, p.by, p.why, t)
         for job_id, reason in plan.nominations.items():
             record = self.records[job_id]
@@ -262,19 +287,52 @@ class Replay:
             record.state = JobState.PENDING if unfit.resolvable else JobState.UNSCHEDULABLE
             record.reason = unfit.reason
         for bind in plan.binds:
-            self._bind(bind.record, [p.alloc for p in bind.placements], t)
+            self._bind(self.records[bind.record.job_id], bind.placements, t)
+        for grow in plan.grows:
+            record = self.records[grow.record.job_id]
+            self._place_pods(record, grow.placements)
+            self.running[record.job_id] = (record, [*self.running[record.job_id][1],
+                                                    *(p.alloc for p in grow.placements)])
 
     # ------------------------------------------------------------ carrying out the plan
-    def _bind(self, record: JobRecord, allocs: list[Allocation], t: float) -> None:
+    def _place_pods(self, record: JobRecord, placements: list[PodPlacement]) -> None:
+        """Put pods on their nodes and start them (the record gains the elastic extras it lacks)."""
+        have = {p.index for p in record.pods}
+        record.pods.extend(PodRecord(name=pod_name(record.job_id, p.pod_index), index=p.pod_index)
+                           for p in placements if p.pod_index not in have)
+        record.pods.sort(key=lambda p: p.index)
+        by_index = {p.index: p for p in record.pods}
+        gang = record.spec.spec.gang_size
+        for p in placements:
+            by_index[p.pod_index].node = p.alloc.node_id
+            self.cluster.allocate(p.alloc)
+            if p.pod_index >= gang:
+                self.extra_allocs.setdefault(record.job_id, {})[p.pod_index] = p.alloc
+            mark_pod_started(record, by_index[p.pod_index].name)
+
+    def _preempt_extras(self, job_id: str, pods: tuple[int, ...]) -> None:
+        """A pod-level preemption: the extras give their GPUs back at once and want placement again."""
+        record, allocs = self.running[job_id]
+        held = self.extra_allocs.get(job_id, {})
+        allocs = list(allocs)
+        for index in pods:
+            alloc = held.pop(index, None)
+            if alloc is None:
+                continue
+            allocs.remove(alloc)
+            self.cluster.release(alloc)
+            reset_pod(next(p for p in record.pods if p.index == index))
+        self.running[job_id] = (record, allocs)
+        self.stats["preemptions"] += 1
+
+    def _bind(self, record: JobRecord, placements: list[PodPlacement], t: float) -> None:
         job = self.jobs[record.job_id]
         record.attempts += 1
         record.nominated_at = None
-        for alloc, pod in zip(allocs, record.pods, strict=False):
-            pod.node = alloc.node_id
-            self.cluster.allocate(alloc)
-        for pod in record.pods:
-            if mark_pod_started(record, pod.name):
-                record.started_at = t
+        allocs = [p.alloc for p in placements]
+        self._place_pods(record, placements)
+        if record.state == JobState.RUNNING:
+            record.started_at = t
         self.pending.pop(record.job_id, None)
         self.running[record.job_id] = (record, allocs)
         job.waited += t - job.queued_since
@@ -312,6 +370,7 @@ class Replay:
         if useful is None:
             useful = job.group is None or self._group_running(job.group)
         record, allocs = self.running.pop(job_id)
+        self.extra_allocs.pop(job_id, None)
         for alloc in allocs:
             self.cluster.release(alloc)
         ran = 0.0
@@ -406,6 +465,8 @@ class Replay:
         job.remaining = max(job.remaining - kept, 1.0)
         self.stats["preempted_gpu_h_lost"] += gpus * (ran - kept) / 3600
         record.state, record.reason = JobState.PENDING, f"requeued after preemption by {record.preempted_by}"
+        record.queued_at = t
+        self._timeout_check(record, t)
         for p in record.pods:
             p.node, p.gpus, p.state, p.exit_code, p.reason = None, [], PodState.PENDING, None, None
         record.last_checkpoint_at = (record.started_at or t) + kept
