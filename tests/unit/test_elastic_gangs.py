@@ -287,7 +287,10 @@ def test_timeout_is_measured_from_the_last_queueing() -> None:
     ({"onTimeout": "retry"}, "onTimeout"),
 ])
 def test_timeout_fields_are_validated_by_name(body: dict, field: str) -> None:
-    raw = {"metadata": {"name": "j"}, "spec": {"replicas": 2, "template": {"command": ["x"]}, **body}}
+    valid = {"metadata": {"name": "j"}, "spec": {"replicas": 2, "template": {"command": ["x"]},
+                                                 "gangTimeoutSeconds": 30, "onTimeout": "shrink"}}
+    assert JobSpec.model_validate(valid).spec.on_timeout == "shrink"
+    raw = {**valid, "spec": {**valid["spec"], **body}}
     with pytest.raises(ValidationError) as info:
         JobSpec.model_validate(raw)
     assert field in str(info.value)

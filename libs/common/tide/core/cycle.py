@@ -53,7 +53,7 @@ from tide.core.preempt import FailedSearches, deterministic, may_preempt, preemp
 from tide.core.queues import limit_excess
 from tide.core.tidal import Lending, lending, lent_view, refill_headroom, return_lent_nodes, selector_pool
 from tide.core.tides import TideState
-from tide.schemas.events import JobRecord, JobState
+from tide.schemas.events import POD_DONE_STATES, JobRecord, JobState
 from tide.schemas.feedback import FamilyWeights, family_of
 from tide.schemas.job import PRIORITY_VALUES, JobSpec
 
@@ -193,12 +193,17 @@ def _place_extras(ctx: CycleContext) -> None:
     bound = {b.record.job_id for b in ctx.plan.binds}
     growing = [r for r, _ in ctx.running.values()
                if r.job_id not in bound and r.state == JobState.RUNNING and r.spec.spec.elastic
-               and not r.cancel_requested]
+               and not r.cancel_requested and not _gang_done(r)]
     growing.sort(key=lambda r: (-PRIORITY_VALUES[r.spec.metadata.priority_class], r.started_at or 0.0, r.job_id))
     for record in growing:
         placements = _extras_for(ctx, record, state.weights.get(family_of(record.spec)))
         if placements:
             ctx.plan.grows.append(Bind(record, placements))
+
+
+def _gang_done(record: JobRecord) -> bool:
+    """Has a pod of the job's gang ended? Then it is winding down: no new extras."""
+    return any(p.state in POD_DONE_STATES for p in record.pods if p.index < record.spec.spec.gang_size)
 
 
 def _extras_for(ctx: CycleContext, record: JobRecord, feedback: FamilyWeights | None) -> list:
