@@ -312,3 +312,18 @@ def test_the_replay_runs_extras_and_fails_a_timed_out_gang() -> None:
     assert strict.state == JobState.FAILED and strict.reason.startswith("gang timeout: 2 of 2 pods")
     assert soft.spec.spec.gang_size == 1 and soft.state == JobState.PENDING  # shrunk; waits for one GPU
     assert sorted(p.index for p in el.pods if p.node) == [0, 1, 2, 3]
+
+
+def test_extras_placed_later_carry_their_own_fencing_token() -> None:
+    from tide.core.lifecycle import extras_attempt, holds_attempt, live_floor, pod_is_current
+
+    record = JobRecord(job_id="j", spec=spec("j", replicas=3, min_member=2), submitted_at=0.0, updated_at=0.0,
+                       state=JobState.RUNNING, attempts=2,
+                       pods=[PodRecord(name="j-0", index=0, node="a", state=PodState.RUNNING, attempt=1),
+                             PodRecord(name="j-1", index=1, node="a", state=PodState.RUNNING, attempt=1),
+                             PodRecord(name="j-2", index=2, node="b", state=PodState.STARTING, attempt=2)])
+    assert pod_is_current(record, "j-0", 1, "a") and not pod_is_current(record, "j-0", 2, "a")
+    assert pod_is_current(record, "j-2", 2, "b") and not pod_is_current(record, "j-2", 1, "b")
+    assert live_floor(record) == 1
+    assert extras_attempt(record, 2) and not extras_attempt(record, 1)  # undoing 2 leaves the gang running
+    assert holds_attempt(record, 1) and holds_attempt(record, 2) and not holds_attempt(record, 3)
