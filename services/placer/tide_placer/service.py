@@ -252,7 +252,7 @@ class PlacerService:
         )
         await self._resend_extra_stops(running)
         plan = plan_cycle(state, self.placer)
-        if self.settings.decision_log is not None and plan.binds:
+        if self.settings.decision_log is not None and (plan.binds or plan.grows):
             from tide.sim.replay_log import append_decision
 
             append_decision(self.settings.decision_log, state, plan, self.placer.policy)

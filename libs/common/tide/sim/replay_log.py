@@ -29,7 +29,11 @@ _last_nodes: dict[str, str] = {}
 
 
 def binds_of(plan: Plan) -> dict[str, list[list]]:
-    return {b.record.job_id: [[p.pod_index, p.alloc.to_dict()] for p in b.placements] for b in plan.binds}
+    """job -> [pod index, allocation] of its binds; the extras of running elastic jobs as ``<job>+extras``."""
+    out = {b.record.job_id: [[p.pod_index, p.alloc.to_dict()] for p in b.placements] for b in plan.binds}
+    out.update({f"{g.record.job_id}+extras": [[p.pod_index, p.alloc.to_dict()] for p in g.placements]
+                for g in plan.grows})
+    return out
 
 
 def append_decision(path: str | Path, state: CycleState, plan: Plan, policy: str) -> None:
@@ -49,6 +53,7 @@ def append_decision(path: str | Path, state: CycleState, plan: Plan, policy: str
                    "return_before_s": r.return_before_s} for r in state.tides],
         "min_runtime_s": state.min_runtime_s,
         "preemption_timeout_s": state.preemption_timeout_s,
+        "extra_allocs": {j: {str(i): a.to_dict() for i, a in pods.items()} for j, pods in state.extra_allocs.items()},
         "binds": binds_of(plan),
     }
     nodes = json.dumps([n.model_dump(mode="json") for n in state.nodes])
@@ -83,7 +88,9 @@ def read_log(path: str | Path) -> list[tuple[CycleState, dict[str, list[list]], 
             running=running, tree=tree, tides=tides,
             weights={f: FamilyWeights.model_validate(w) for f, w in d["weights"].items()},
             lost=set(d["lost"]), now=d["now"], wall=datetime.fromisoformat(d["wall"]) if d["wall"] else None,
-            min_runtime_s=d["min_runtime_s"], preemption_timeout_s=d["preemption_timeout_s"])
+            min_runtime_s=d["min_runtime_s"], preemption_timeout_s=d["preemption_timeout_s"],
+            extra_allocs={j: {int(i): Allocation.from_dict(a) for i, a in pods.items()}
+                          for j, pods in d.get("extra_allocs", {}).items()})
         out.append((state, d["binds"], d["policy"]))
     return out
 
