@@ -16,7 +16,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from tide import subjects
-from tide.bus.nats import connect
+from tide.bus.nats import connect, nats_servers
 from tide.schemas.events import TERMINAL_STATES, CancelJob, JobEvent, JobState, new_event_id
 from tide.schemas.feedback import family_of
 from tide.schemas.job import JobSpec
@@ -59,16 +59,18 @@ def new_job_id(name: str) -> str:
 def nats_reachable(url: str, timeout_s: float = 2.0) -> bool:
     """Whether something accepts TCP connections at the NATS URL within ``timeout_s`` (asked before connecting:
     nats-py would retry forever)."""
-    parsed = urlparse(url)
+    parsed = [urlparse(u) for u in nats_servers(url)]  # several servers (HA): any one will do
     deadline = time.monotonic() + timeout_s
     while True:
-        try:
-            with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=timeout_s):
-                return True
-        except OSError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
+        for p in parsed:
+            try:
+                with socket.create_connection((p.hostname or "127.0.0.1", p.port or 4222), timeout=timeout_s):
+                    return True
+            except OSError:
+                pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 class TideClient:

@@ -15,6 +15,13 @@ class Settings(BaseSettings):
     nats_user: str | None = None
     nats_password: str | None = None
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # high availability (docs/ha.md): TIDE_NATS_URL may list several servers, comma-separated
+    nats_stream_replicas: int = Field(default=1, ge=1, le=5, description="replicas of every JetStream stream")
+    redis_sentinels: str = Field(
+        default="", description="'host:port,...' of Redis Sentinels: the master is found (and followed) through them;"
+        " TIDE_REDIS_URL then only gives the user, password and db")
+    redis_master_name: str = Field(default="tide", description="the master's name at the Sentinels")
+    redis_sentinel_password: str | None = Field(default=None, description="the Sentinels' own password")
 
     log_format: str = Field(default="json", description="json or console")
     log_level: str = "info"

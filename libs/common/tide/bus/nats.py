@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,8 +22,19 @@ from tide.subjects import STREAMS, ConsumerDef
 log = structlog.get_logger()
 
 
+def nats_servers(url: str) -> list[str]:
+    """``TIDE_NATS_URL`` may list several servers of one cluster, comma-separated."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
+def stream_replicas() -> int:
+    """Replicas of every stream: ``TIDE_NATS_STREAM_REPLICAS`` (3 in an HA stack), default 1."""
+    return int(os.environ.get("TIDE_NATS_STREAM_REPLICAS", "1") or "1")
+
+
 async def connect(settings: Settings, name: str, inbox_prefix: str | None = None, **kwargs: Any) -> NATS:
-    """Connect with credentials; reconnect forever when the server goes away."""
+    """Connect with credentials; reconnect forever when the server goes away (to another server of the
+    cluster when ``settings.nats_url`` lists several, or one the cluster told us about)."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats_error", error=str(exc), client=name)
@@ -34,7 +46,7 @@ async def connect(settings: Settings, name: str, inbox_prefix: str | None = None
         log.info("nats_reconnected", client=name)
 
     options: dict[str, Any] = dict(
-        servers=[settings.nats_url],
+        servers=nats_servers(settings.nats_url),
         name=name,
         user=settings.nats_user,
         password=settings.nats_password,
@@ -61,8 +73,10 @@ async def close_nats(nc: NATS, timeout_s: float = 2.0) -> None:
     await nc.close()
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    """Create or update every stream of ``tide.subjects.STREAMS`` (idempotent)."""
+async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:
+    """Create or update every stream of ``tide.subjects.STREAMS`` (idempotent), each with ``replicas``
+    copies (default: ``stream_replicas()``; the durable consumers inherit the stream's replicas)."""
+    replicas = replicas if replicas is not None else stream_replicas()
     for sd in STREAMS:
         config = StreamConfig(
             name=sd.name,
@@ -73,12 +87,39 @@ async def ensure_streams(js: JetStreamContext) -> None:
             max_msgs_per_subject=sd.max_msgs_per_subject,
             duplicate_window=sd.duplicate_window_s,
             description=sd.description,
+            num_replicas=replicas,
         )
-        try:
-            await js.stream_info(sd.name)
-            await js.update_stream(config)
-        except NotFoundError:
-            await js.add_stream(config)
+        for attempt in range(STREAM_ATTEMPTS):  # a cluster electing a leader answers nothing for a few seconds
+            try:
+                await _create_or_update(js, config)
+                break
+            except nats.errors.TimeoutError:
+                if attempt == STREAM_ATTEMPTS - 1:
+                    raise
+                log.warning("stream_setup_timeout", stream=sd.name, attempt=attempt + 1)
+                await asyncio.sleep(0.5)
+
+
+STREAM_ATTEMPTS = 6
+
+
+def _same_stream(a: StreamConfig, b: StreamConfig) -> bool:
+    keys = ("subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "duplicate_window",
+            "description", "num_replicas")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+async def _create_or_update(js: JetStreamContext, config: StreamConfig) -> None:
+    """Update only a stream that differs: in a cluster each update is a proposal through the meta leader, and
+    several services starting at once would otherwise queue them up."""
+    assert config.name is not None
+    try:
+        info = await js.stream_info(config.name)
+    except NotFoundError:
+        await js.add_stream(config)
+        return
+    if not _same_stream(info.config, config):
+        await js.update_stream(config)
 
 
 async def publish(js: JetStreamContext, subject: str, message: Message) -> None:

@@ -68,7 +68,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return up_detached(args, home)
     nodes = cluster_nodes(args.nodes, Path(args.node_file) if args.node_file else None)
     env = {"queue": {"TIDE_QUEUE_CONFIG": str(Path(args.queue_config).resolve())}} if args.queue_config else {}
-    stack = Stack(home, nodes, env=env)
+    stack = Stack(home, nodes, env=env, ha=args.ha)
     print(f"starting Tide in {home} with {len(nodes)} simulated node(s)...", flush=True)
     info = stack.start()
     print_endpoints(info, len(nodes))
@@ -112,6 +112,8 @@ def up_detached(args: argparse.Namespace, home: Path, timeout_s: float = 180.0) 
         argv += ["--node-file", str(Path(args.node_file).resolve())]
     if args.queue_config:
         argv += ["--queue-config", str(Path(args.queue_config).resolve())]
+    if args.ha:
+        argv.append("--ha")
     log_path = home / "logs" / "supervisor.log"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -371,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=2, help="simulated 8 x H100 nodes (default 2)")
     up.add_argument("--node-file", help="YAML/JSON node descriptions instead of --nodes")
     up.add_argument("--queue-config", help="YAML/JSON queue tree (quotas, weights); see docs/scheduling.md")
+    up.add_argument("--ha", action="store_true",
+                    help="high availability: 3 clustered NATS servers, Redis primary + replica + 3 Sentinels "
+                         "(docs/ha.md)")
     mode = up.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true",
                       help="return once every part is ready (a background supervisor keeps the stack running)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from dataclasses import dataclass
 
 from tide import subjects
 
@@ -56,29 +57,59 @@ def node_user(node_id: str) -> str:
     return f"node-{node_id}"
 
 
+# HA stack only (docs/ha.md): infrastructure users, never given to a service
+ROUTE_USER = "tide-route"  # NATS cluster routes between the servers
+REPLICATION_USER = "tide-replication"  # a Redis replica syncing from its primary (masteruser)
+SENTINEL_USER = "tide-sentinel"  # the Sentinels on the Redis servers (sentinel auth-user)
+SENTINEL_PASSWORD = "tide-sentinels"  # key in the passwords: the Sentinels' own password (requirepass)
+HA_SECRETS = (ROUTE_USER, REPLICATION_USER, SENTINEL_USER, SENTINEL_PASSWORD)
+
+
+@dataclass(frozen=True)
+class NatsCluster:
+    """This server's place in a NATS cluster: its name, its route port, the other servers' route ports."""
+
+    server_name: str
+    route_port: int
+    peer_route_ports: list[int]
+    http_port: int  # monitoring (/varz, /connz, /jsz) on the loopback
+
+
 def nats_config(
-    port: int, store_dir: str, passwords: dict[str, str], node_ids: list[str], host: str = "127.0.0.1"
+    port: int, store_dir: str, passwords: dict[str, str], node_ids: list[str], host: str = "127.0.0.1",
+    cluster: NatsCluster | None = None,
 ) -> str:
-    """A nats-server config with JetStream and one user per service and node."""
+    """A nats-server config with JetStream and one user per service and node; with ``cluster``, one server
+    of a cluster whose routes authenticate as ``ROUTE_USER``."""
     users = []
     for name, perms in service_permissions().items():
         users.append(_user(name, passwords[name], perms))
     for node_id in node_ids:
         users.append(_user(node_user(node_id), passwords[node_user(node_id)], node_permissions(node_id)))
-    return "\n".join(
-        [
-            f"listen: {json.dumps(f'{host}:{port}')}",
-            "server_name: tide",
-            "max_payload: 1MB",
-            f"jetstream {{ store_dir: {json.dumps(store_dir)}, max_memory_store: 268435456 }}",
-            "authorization {",
-            "  users = [",
-            *[f"    {u}" for u in users],
-            "  ]",
+    lines = [
+        f"listen: {json.dumps(f'{host}:{port}')}",
+        f"server_name: {cluster.server_name if cluster else 'tide'}",
+        "max_payload: 1MB",
+        f"jetstream {{ store_dir: {json.dumps(store_dir)}, max_memory_store: 268435456 }}",
+        "authorization {",
+        "  users = [",
+        *[f"    {u}" for u in users],
+        "  ]",
+        "}",
+    ]
+    if cluster is not None:
+        secret = passwords[ROUTE_USER]
+        routes = [f"nats-route://{ROUTE_USER}:{secret}@{host}:{p}" for p in cluster.peer_route_ports]
+        lines += [
+            f"http: {json.dumps(f'{host}:{cluster.http_port}')}",
+            "cluster {",
+            "  name: tide",
+            f"  listen: {json.dumps(f'{host}:{cluster.route_port}')}",
+            f"  authorization {{ user: {json.dumps(ROUTE_USER)}, password: {json.dumps(secret)}, timeout: 2 }}",
+            f"  routes: {json.dumps(routes)}",
             "}",
-            "",
         ]
-    )
+    return "\n".join([*lines, ""])
 
 
 def _user(name: str, password: str, perms: dict[str, list[str]]) -> str:
@@ -95,9 +126,16 @@ def _user(name: str, password: str, perms: dict[str, list[str]]) -> str:
     )
 
 
-def redis_acl_lines(passwords: dict[str, str]) -> list[str]:
-    """Valkey/Redis ACL: the default user off, each service limited to ``tide:*`` keys."""
+def redis_acl_lines(passwords: dict[str, str], ha: bool = False) -> list[str]:
+    """Valkey/Redis ACL: the default user off, each service limited to ``tide:*`` keys. With ``ha``, also a
+    replication user (only what a replica needs) and the Sentinels' user (the commands Redis documents for it)."""
     lines = ["user default off"]
     for name in SERVICES:
         lines.append(f"user {name} on >{passwords[name]} ~tide:* &* +@all -@dangerous")
+    if ha:
+        lines.append(f"user {REPLICATION_USER} on >{passwords[REPLICATION_USER]} +psync +replconf +ping")
+        lines.append(
+            f"user {SENTINEL_USER} on >{passwords[SENTINEL_USER]} allchannels +multi +slaveof +replicaof +ping +exec"
+            " +subscribe +config|rewrite +role +publish +info +client|setname +client|kill +script|kill"
+        )
     return lines

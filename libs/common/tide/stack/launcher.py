@@ -27,16 +27,28 @@ import structlog
 import yaml
 
 from tide import subjects
-from tide.bus.nats import connect
+from tide.bus.nats import connect, ensure_streams
 from tide.schemas.node import ClusterDescription, NodeDescription, default_h100_node, load_node_file
 from tide.settings import Settings
-from tide.stack.auth import SERVICES, nats_config, new_password, node_user, redis_acl_lines
+from tide.stack.auth import (
+    HA_SECRETS,
+    REPLICATION_USER,
+    SENTINEL_PASSWORD,
+    SENTINEL_USER,
+    SERVICES,
+    NatsCluster,
+    nats_config,
+    new_password,
+    node_user,
+    redis_acl_lines,
+)
 from tide.stack.servers import (
     StackError,
     free_port,
     nats_server_binary,
     redis_config,
     redis_server_binary,
+    sentinel_config,
     wait_tcp,
 )
 from tide.stack.supervision import (
@@ -55,6 +67,9 @@ STACK_MARKER = "TIDE_STACK_HOME"  # in the environment of every process a stack 
 STOPPING_FILE = "stopping"  # `tide down` writes it first: a supervisor that sees it restarts nothing more
 SUPERVISE_EVERY_S = 0.1
 HEALTH_EVERY_S = 2.0
+HA_SIZE = 3  # NATS servers and Sentinels in an HA stack (a quorum of 2 survives one loss)
+HA_MASTER_NAME = "tide"
+SERVER_PREFIXES = ("nats", "redis", "sentinel")  # stopped after the services and agents
 
 log = structlog.get_logger()
 
@@ -74,17 +89,29 @@ class StackInfo:
     node_ids: list[str]
     pids: dict[str, int] = field(default_factory=dict)
     supervisor_pid: int | None = None  # the foreground `tide up` that supervises the stack (`tide down` stops it)
+    # high availability (docs/ha.md): nats_url lists every server; Redis is found through the Sentinels
+    ha: bool = False
+    redis_sentinels: str = ""  # "host:port,..." of the Sentinels
+    redis_master_name: str = ""
+    ports: dict[str, int] = field(default_factory=dict)  # server process -> its client port
+    monitor_ports: dict[str, int] = field(default_factory=dict)  # NATS server process -> its monitoring port
 
     def redis_url(self, user: str) -> str:
+        """In an HA stack the host and port are those of the first primary: the Sentinels name the current one."""
         return f"redis://{user}:{self.passwords[user]}@{self.redis_host}:{self.redis_port}/0"
 
     def settings_for(self, user: str, **extra: object) -> Settings:
+        ha: dict[str, object] = {}
+        if self.ha:
+            ha = dict(nats_stream_replicas=HA_SIZE, redis_sentinels=self.redis_sentinels,
+                      redis_master_name=self.redis_master_name,
+                      redis_sentinel_password=self.passwords[SENTINEL_PASSWORD] if user in SERVICES else None)
         return Settings(
             nats_url=self.nats_url,
             nats_user=user,
             nats_password=self.passwords[user],
             redis_url=self.redis_url(user) if user in SERVICES else "",
-            **extra,
+            **{**ha, **extra},
         )
 
     def env_for(self, user: str) -> dict[str, str]:
@@ -93,8 +120,14 @@ class StackInfo:
             "TIDE_NATS_USER": user,
             "TIDE_NATS_PASSWORD": self.passwords[user],
         }
+        if self.ha:
+            env["TIDE_NATS_STREAM_REPLICAS"] = str(HA_SIZE)
         if user in SERVICES:
             env["TIDE_REDIS_URL"] = self.redis_url(user)
+            if self.ha:
+                env["TIDE_REDIS_SENTINELS"] = self.redis_sentinels
+                env["TIDE_REDIS_MASTER_NAME"] = self.redis_master_name
+                env["TIDE_REDIS_SENTINEL_PASSWORD"] = self.passwords[SENTINEL_PASSWORD]
         return env
 
     def save(self) -> None:
@@ -156,11 +189,14 @@ class Stack:
         env: dict[str, dict[str, str]] | None = None,
         start_agents: bool = True,
         supervise: bool = True,
+        ha: bool = False,
     ) -> None:
         """``placers`` > 1 runs several placer processes (placer, placer-2, ...) on one cluster;
         ``env`` adds environment variables per process name (e.g. settings for one service);
         ``start_agents=False`` creates the nodes' credentials but leaves running their agents to the caller
-        (benchmarks that multiplex simulated agents); ``supervise=False`` restarts nothing."""
+        (benchmarks that multiplex simulated agents); ``supervise=False`` restarts nothing; ``ha=True`` runs a
+        3-server NATS cluster (streams with 3 replicas) and Redis as primary + replica + 3 Sentinels."""
+        self.ha = ha
         self.start_agents = start_agents
         self.home = home
         self.nodes = nodes
@@ -189,20 +225,31 @@ class Stack:
         node_ids = [n.node_id for n in self.nodes]
         passwords = {name: new_password() for name in (*SERVICES, "admin")}
         passwords.update({node_user(n): new_password() for n in node_ids})
-        nats_port, redis_port, metrics_port = free_port(), free_port(), free_port()
+        if self.ha:
+            passwords.update({name: new_password() for name in HA_SECRETS})
+        nats_names = nats_servers(self.ha)
+        ports = {name: free_port() for name in (*nats_names, *redis_servers(self.ha))}
+        metrics_port = free_port()
         node_file = self.home / "nodes.yaml"
         node_file.write_text(yaml.safe_dump(ClusterDescription(nodes=self.nodes).model_dump(mode="json")))
         self.info = info = StackInfo(
             home=str(self.home),
-            nats_url=f"nats://{HOST}:{nats_port}",
+            nats_url=",".join(f"nats://{HOST}:{ports[n]}" for n in nats_names),
             redis_host=HOST,
-            redis_port=redis_port,
+            redis_port=ports["redis"],
             metrics_url=f"http://{HOST}:{metrics_port}/metrics",
             passwords=passwords,
             node_ids=node_ids,
+            ha=self.ha,
+            redis_sentinels=",".join(f"{HOST}:{ports[n]}" for n in redis_servers(self.ha) if n.startswith("sentinel")),
+            redis_master_name=HA_MASTER_NAME if self.ha else "",
+            ports=ports,
         )
         try:
-            self._start_servers(info, nats_port, redis_port)
+            if self.ha:
+                self._start_ha_servers(info)
+            else:
+                self._start_servers(info, ports["nats"], ports["redis"])
             base = {"TIDE_LOG_FORMAT": self.log_format}
             for name in self.services:
                 user = service_user(name)
@@ -250,6 +297,52 @@ class Stack:
         self._spawn("redis", [redis_server_binary(), str(rconf)], {})
         wait_tcp(HOST, nats_port)
         wait_tcp(HOST, redis_port)
+
+    def _start_ha_servers(self, info: StackInfo) -> None:
+        """Three clustered NATS servers (each with JetStream), then a Redis primary, its replica and three
+        Sentinels; returns once JetStream has a meta leader and every Sentinel sees the replica and the
+        other Sentinels (so a failover can happen from the first second)."""
+        names = nats_servers(True)
+        route_ports = {n: free_port() for n in names}
+        for i, name in enumerate(names, start=1):
+            info.monitor_ports[name] = free_port()
+            cluster = NatsCluster(server_name=f"tide-{i}", route_port=route_ports[name],
+                                  peer_route_ports=[route_ports[o] for o in names if o != name],
+                                  http_port=info.monitor_ports[name])
+            conf = self.home / "nats" / f"{name}.conf"
+            conf.write_text(nats_config(info.ports[name], str(self.home / "nats" / f"store-{i}"), info.passwords,
+                                        info.node_ids, HOST, cluster=cluster))
+            conf.chmod(0o600)
+            self._spawn(name, [nats_server_binary(), "-c", str(conf)], {})
+        acl = redis_acl_lines(info.passwords, ha=True)
+        replication = (REPLICATION_USER, info.passwords[REPLICATION_USER])
+        primary = info.ports["redis"]
+        for name in ("redis", "redis-replica"):
+            data_dir = self.home / name
+            data_dir.mkdir(parents=True, exist_ok=True)
+            rconf = data_dir / "redis.conf"  # a Sentinel may rewrite it (CONFIG REWRITE after a failover)
+            rconf.write_text(redis_config(info.ports[name], str(data_dir), acl, HOST, replication=replication,
+                                          replica_of=primary if name != "redis" else None))
+            rconf.chmod(0o600)
+            self._spawn(name, [redis_server_binary(), str(rconf)], {})
+        for name in names:
+            wait_tcp(HOST, info.ports[name])
+        for name in ("redis", "redis-replica"):
+            wait_tcp(HOST, info.ports[name])
+        for name in redis_servers(True):
+            if name.startswith("sentinel"):
+                data_dir = self.home / name
+                data_dir.mkdir(parents=True, exist_ok=True)
+                sconf = data_dir / "sentinel.conf"
+                sconf.write_text(sentinel_config(info.ports[name], str(data_dir), info.redis_master_name, primary,
+                                                 info.passwords[SENTINEL_PASSWORD],
+                                                 (SENTINEL_USER, info.passwords[SENTINEL_USER]), HOST))
+                sconf.chmod(0o600)
+                self._spawn(name, [redis_server_binary(), str(sconf), "--sentinel"], {})
+        for name in redis_servers(True):
+            wait_tcp(HOST, info.ports[name])
+        run_blocking(wait_for_jetstream(info, 60.0))
+        wait_for_sentinels(info, 60.0)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         self.argv[name] = (argv, env)
@@ -368,7 +461,9 @@ class Stack:
             self.held.discard(name)
         if name in self.services:
             self._wait_ready_files((name,), timeout_s)
-        elif name in ("nats", "redis") and self.info is not None:
+        elif self.info is not None and name in self.info.ports:
+            wait_tcp(HOST, self.info.ports[name], timeout_s)
+        elif name in ("nats", "redis") and self.info is not None:  # a stack.json from before `ports`
             port = int(self.info.nats_url.rsplit(":", 1)[1]) if name == "nats" else self.info.redis_port
             wait_tcp(HOST, port, timeout_s)
         self._save_pids()
@@ -404,6 +499,18 @@ def run_blocking(coro: Coroutine[Any, Any, None]) -> None:
         pool.submit(asyncio.run, coro).result()
 
 
+def nats_servers(ha: bool) -> list[str]:
+    """The NATS server processes: ``nats`` alone, or ``nats``, ``nats-2``, ``nats-3``."""
+    return ["nats", *[f"nats-{i}" for i in range(2, HA_SIZE + 1)]] if ha else ["nats"]
+
+
+def redis_servers(ha: bool) -> list[str]:
+    """The Redis processes: ``redis`` alone, or the first primary ``redis``, ``redis-replica`` and the Sentinels."""
+    if not ha:
+        return ["redis"]
+    return ["redis", "redis-replica", *[f"sentinel-{i}" for i in range(1, HA_SIZE + 1)]]
+
+
 def service_user(name: str) -> str:
     """The credentials a process uses: extra placers (placer-2, ...) are the placer."""
     return name.split("-", 1)[0] if name.startswith("placer-") else name
@@ -413,7 +520,7 @@ def stop_pids(pids: dict[str, int], grace_s: float = 10.0) -> list[str]:
     """Stop agents and services first (they drain), then Redis and NATS: SIGTERM, ``grace_s``, then SIGKILL
     to the process group. Returns the names of those that were running."""
     running = [n for n in pids if _alive(pids[n])]
-    servers = [n for n in ("redis", "nats") if n in pids]
+    servers = [n for n in pids if n.startswith(SERVER_PREFIXES)]
     agents = [n for n in pids if n.startswith("agent-")]
     others = [n for n in pids if n not in servers and n not in agents]
     for group in (agents + others, servers):
@@ -511,6 +618,56 @@ def down(home: Path, timeout_s: float = 60.0) -> list[str] | None:
     for name in ("stack.json", HEALTH_FILE, STOPPING_FILE):
         (home / name).unlink(missing_ok=True)
     return stopped
+
+
+async def wait_for_jetstream(info: StackInfo, timeout_s: float) -> None:
+    """A NATS cluster answers JetStream requests once it has elected a meta leader; then create the streams
+    with their replicas."""
+    nc = await connect(info.settings_for("admin"), "tide-up")
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await js.account_info()
+                await ensure_streams(js, HA_SIZE)  # once here, not three services at once
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise StackError(f"no JetStream meta leader in the NATS cluster after {timeout_s}s: {exc}") from exc
+            await asyncio.sleep(0.1)
+    finally:
+        await nc.close()
+
+
+def sentinel_view(host: str, port: int, password: str, master_name: str) -> dict[str, Any]:
+    """What one Sentinel says about the master (``SENTINEL MASTER``), as a dict of strings."""
+    import redis  # sync client: used from the launcher's thread
+
+    client = redis.Redis(host=host, port=port, password=password, socket_timeout=1, socket_connect_timeout=1,
+                         decode_responses=True)
+    try:
+        return dict(client.execute_command("SENTINEL", "MASTER", master_name))
+    finally:
+        client.close()
+
+
+def wait_for_sentinels(info: StackInfo, timeout_s: float) -> None:
+    """Every Sentinel knows the replica and the two other Sentinels (both are learnt, not configured)."""
+    deadline = time.monotonic() + timeout_s
+    for name in (n for n in info.ports if n.startswith("sentinel")):
+        while True:
+            view: dict[str, Any] = {}
+            try:
+                view = sentinel_view(HOST, info.ports[name], info.passwords[SENTINEL_PASSWORD],
+                                     info.redis_master_name)
+                if int(view.get("num-slaves", 0)) >= 1 and int(view.get("num-other-sentinels", 0)) >= HA_SIZE - 1:
+                    break
+            except Exception as exc:
+                view = {"error": repr(exc)}
+            if time.monotonic() > deadline:
+                raise StackError(f"{name} does not see the replica and the other Sentinels after {timeout_s}s: {view}")
+            time.sleep(0.1)
 
 
 async def wait_for_nodes(info: StackInfo, count: int, timeout_s: float) -> None:

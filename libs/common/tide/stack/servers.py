@@ -56,17 +56,54 @@ def wait_tcp(host: str, port: int, timeout_s: float = 10.0) -> None:
     raise StackError(f"nothing listens on {host}:{port} after {timeout_s}s")
 
 
-def redis_config(port: int, data_dir: str, acl_lines: list[str], host: str = "127.0.0.1") -> str:
+def redis_config(
+    port: int, data_dir: str, acl_lines: list[str], host: str = "127.0.0.1",
+    replication: tuple[str, str] | None = None, replica_of: int | None = None,
+) -> str:
+    """Durability: AOF, fsync once a second (at most ~1 s of acknowledged writes lost on a crash of the
+    machine). ``replication`` = (user, password) a replica authenticates with to its primary (set on every
+    server of an HA pair: a Sentinel may turn either into a replica); ``replica_of`` = the primary's port."""
+    lines = [
+        f"port {port}",
+        f"bind {host}",
+        f"dir {data_dir}",
+        "save \"\"",
+        "appendonly yes",
+        "appendfsync everysec",
+        "protected-mode yes",
+        *acl_lines,
+    ]
+    if replication is not None:
+        lines += [f"masteruser {replication[0]}", f"masterauth {replication[1]}", "replica-read-only yes"]
+    if replica_of is not None:
+        lines.append(f"replicaof {host} {replica_of}")
+    return "\n".join([*lines, ""])
+
+
+SENTINEL_DOWN_AFTER_MS = 1000  # a primary silent this long is subjectively down
+SENTINEL_FAILOVER_TIMEOUT_MS = 10_000
+
+
+def sentinel_config(
+    port: int, data_dir: str, master_name: str, primary_port: int, password: str, auth: tuple[str, str],
+    host: str = "127.0.0.1", quorum: int = 2,
+) -> str:
+    """One Sentinel: its own password (``requirepass``, shared by the Sentinels, which use it with each other
+    too) and the ACL user it logs into the Redis servers with (``auth``). The file must stay writable: the
+    Sentinel rewrites it with what it learns (replicas, other Sentinels, failovers)."""
     return "\n".join(
         [
             f"port {port}",
             f"bind {host}",
             f"dir {data_dir}",
-            "save \"\"",
-            "appendonly yes",
-            "appendfsync everysec",
             "protected-mode yes",
-            *acl_lines,
+            f"requirepass {password}",
+            f"sentinel monitor {master_name} {host} {primary_port} {quorum}",
+            f"sentinel auth-user {master_name} {auth[0]}",
+            f"sentinel auth-pass {master_name} {auth[1]}",
+            f"sentinel down-after-milliseconds {master_name} {SENTINEL_DOWN_AFTER_MS}",
+            f"sentinel failover-timeout {master_name} {SENTINEL_FAILOVER_TIMEOUT_MS}",
+            f"sentinel parallel-syncs {master_name} 1",
             "",
         ]
     )
