@@ -71,8 +71,16 @@ def sigterm_pod(out: Path) -> list[str]:
     """Runs until SIGTERM (noting it), or finishes quickly once it has been preempted before."""
     return ["sh", "-c",
             f'if [ "$TIDE_PREEMPTIONS" -ge 1 ]; then echo resumed >> {out}/$TIDE_POD_NAME; sleep 0.5; exit 0; fi; '
-            f'trap "echo TERM >> {out}/$TIDE_POD_NAME; exit 0" TERM; '
+            f'trap "echo TERM >> {out}/$TIDE_POD_NAME; exit 0" TERM; echo ready >> {out}/$TIDE_POD_NAME; '
             f'while true; do sleep 0.1; done']
+
+
+async def trapping(out: Path, pods: list[str], timeout_s: float = 30.0) -> None:
+    """Wait until these sigterm_pod pods have set their SIGTERM trap (running means started, not trapped)."""
+    deadline = time.monotonic() + timeout_s
+    while not all((out / p).exists() and "ready" in (out / p).read_text() for p in pods):
+        assert time.monotonic() < deadline, f"pods not ready: {pods}"
+        await asyncio.sleep(0.05)
 
 
 async def test_online_serving_preempts_exactly_the_minimal_whole_gang(make_stack, tmp_path: Path) -> None:
@@ -91,6 +99,7 @@ async def test_online_serving_preempts_exactly_the_minimal_whole_gang(make_stack
         for name, (pods, gpus) in gangs.items():
             assert (await client.submit(job(name, sigterm_pod(out), replicas=pods, gpu=gpus), job_id=name)).accepted
             await client.wait(name, states={"running"}, timeout_s=30)
+            await trapping(out, [f"{name}-{i}" for i in range(pods)])
         serving = in_queue(job("serve", ["sleep", "2"], gpu=4), "default", priority="online-serving")
         assert (await client.submit(serving, job_id="serve")).accepted
         done = await client.wait("serve", timeout_s=60)
@@ -121,6 +130,7 @@ async def test_online_serving_on_a_cluster_full_of_a_young_gang_starts_within_th
         gang = in_queue(job("train", sigterm_pod(out), replicas=16, gpu=1), "default", grace=2.0)
         assert (await client.submit(gang, job_id="train")).accepted
         await client.wait("train", states={"running"}, timeout_s=30)
+        await trapping(out, [f"train-{i}" for i in range(16)])
         submitted = time.time()
         serving = in_queue(job("serve", ["sleep", "1"], gpu=1), "default", priority="online-serving")
         assert (await client.submit(serving, job_id="serve")).accepted
@@ -137,16 +147,18 @@ async def test_online_serving_on_a_cluster_full_of_a_young_gang_starts_within_th
         await client.close()
 
 
-async def test_job_that_acknowledges_its_checkpoint_is_killed_before_its_grace_ends(make_stack) -> None:
+async def test_job_that_acknowledges_its_checkpoint_is_killed_before_its_grace_ends(make_stack,
+                                                                                   tmp_path: Path) -> None:
     stack = make_stack([small_node("n0", gpus=4)], env=FAST_PREEMPTION)
     client = await TideClient.connect(stack.info.settings_for("admin"))
     try:
         # ignores SIGTERM, but writes its checkpoint and says so at once; grace 60 s
         ack = ["sh", "-c", 'trap "echo saved > ckpt.bin; touch $TIDE_CHECKPOINT_FILE" TERM; '
-                           'while true; do sleep 0.1; done']
+                           f'echo ready > {tmp_path}/$TIDE_POD_NAME; while true; do sleep 0.1; done']
         assert (await client.submit(in_queue(job("trainer", ack, gpu=4), "default", grace=60.0),
                                     job_id="trainer")).accepted
         await client.wait("trainer", states={"running"}, timeout_s=30)
+        await trapping(tmp_path, ["trainer-0"])
         started = time.time()
         serving = in_queue(job("serve", ["true"], gpu=4), "default", priority="online-serving")
         assert (await client.submit(serving, job_id="serve")).accepted

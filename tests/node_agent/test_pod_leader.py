@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tide_node_agent.runtime import POD_LEADER, _check_runnable
 
 # a stand-in agent: starts a pod through the leader as the agent does, then waits to be killed
