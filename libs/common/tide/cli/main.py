@@ -96,6 +96,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 def print_endpoints(info: StackInfo, nodes: int) -> None:
     print(f"  NATS (JetStream)  {info.nats_url}")
     print(f"  Redis             redis://{info.redis_host}:{info.redis_port}")
+    if info.ha:
+        print(f"  Sentinels         {info.redis_sentinels} (master {info.redis_master_name}; docs/ha.md)")
     print(f"  metrics           {info.metrics_url}")
     print(f"  services          queue placer metrics ({nodes} node agents)")
     print(f"  logs              {info.home}/logs   credentials {info.home}/stack.json   health {info.home}/health.json")
