@@ -221,3 +221,31 @@ def test_an_elastic_job_is_not_moved() -> None:
     big = record("big", 8)
     ctx = context(nodes, running, [big])
     assert movable_jobs(ctx, big) == [] and consolidate_for(ctx, big, set(), None) is None
+
+
+def test_plan_cycle_moves_then_binds_the_blocked_job_and_the_moved_ones() -> None:
+    """Through ``plan_cycle`` (the live placer's and the replay's entry point): cycle 1 plans the moves
+    and nominates the blocked job; once the moved jobs stopped, cycle 2 binds it and them elsewhere."""
+    from tide.core.cycle import plan_cycle
+
+    nodes, running = fragmented()
+    big = record("big", 8)
+    state = CycleState(nodes=nodes, cluster=context(nodes, running, [big]).state.cluster, pending=[big],
+                       running=running, now=NOW)
+    first = plan_cycle(state, Placer())
+    moved = [p.job_id for p in first.preemptions]
+    assert len(moved) == 3 and "big" in first.nominations and not first.binds
+    # carry it out: the moved jobs stop and requeue; the blocked job is nominated
+    cluster = state.cluster.copy()
+    for job_id in moved:
+        for a in running[job_id][1]:
+            cluster.release(a)
+    still = {j: e for j, e in running.items() if j not in moved}
+    requeued = [record(j, 2) for j in moved]
+    nominated = big.model_copy(update={"nominated_at": NOW})
+    second = plan_cycle(CycleState(nodes=nodes, cluster=cluster, pending=[nominated, *requeued], running=still,
+                                   now=NOW + 1), Placer())
+    assert not second.preemptions
+    bound = {b.record.job_id: {p.alloc.node_id for p in b.placements} for b in second.binds}
+    assert set(bound) == {"big", *moved}
+    assert all(bound["big"].isdisjoint(bound[j]) for j in moved)

@@ -13,7 +13,9 @@ The rule. A pending job that does not fit may move running jobs when all of thes
 - on a what-if copy of the cluster, once the moved jobs' claims are released, the pending job fits, and
   then every moved job fits again on what is left (biggest first, each on its own view of the cluster,
   avoiding the nodes it may not use). So the work that runs does not shrink: nothing is evicted for good;
-- at most ``max_moves`` jobs move for one pending job (``MAX_MOVES`` by default);
+- at most ``max_moves`` jobs move for one pending job (``MAX_MOVES`` by default), and at most
+  ``MAX_MOVES`` in one cycle in all (``CycleContext.moves_left``); a search that found nothing is not
+  repeated for the same request until the cycle binds or evicts something;
 - the pending job asks for GPUs (whole or shares; MIG slices are not consolidated) and the free GPUs of
   the cluster add up to what it asks: otherwise it is not a matter of fragmentation.
 
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 from tide.core.backfill import may_use_earmarked
 from tide.core.cluster import Cluster
 from tide.core.cycle_context import CycleContext, Preemption
-from tide.core.job_placement import PodPlacement, job_demand, place_job, pod_request
+from tide.core.job_placement import PodPlacement, job_demand, place_job, pod_request, topology_levels
 from tide.core.model import MILLI, Allocation, Unfit
 from tide.core.preempt import job_preemptible
 from tide.core.tidal import lent_view
@@ -115,18 +117,26 @@ def consolidate_for(ctx: CycleContext, record: JobRecord, exclude: set[str], fee
     """Plan the cheapest moves (at most ``max_moves``) after which ``record`` fits and every moved job fits
     again; record them in ``ctx`` as preemptions by ``record`` and nominate it. None: nothing planned."""
     state = ctx.state
+    max_moves = min(max_moves, ctx.moves_left)
     if max_moves <= 0 or record.job_id in ctx.running:
         return None
     if record.nominated_at is not None and state.now - record.nominated_at < state.preemption_timeout_s:
         return None  # it still waits for the jobs it moved or evicted
     demand = job_demand(record.spec)
     cluster = ctx.cluster
-    if demand["gpu"] <= 0 or pod_request(record.spec).kind == "mig":
+    request = pod_request(record.spec, feedback)
+    if demand["gpu"] <= 0 or request.kind == "mig":
         return None  # only whole GPUs and shares are consolidated
     if cluster.milli_free[cluster.gpu_exists].sum() < demand["gpu"] * MILLI:
         return None  # not a matter of fragmentation: the free GPUs are too few in all
+    # a search that found nothing finds nothing for the same request until the cycle changes something
+    search = (request, record.spec.spec.gang_size, record.spec.metadata.priority_class,
+              topology_levels(record.spec, feedback), frozenset(record.avoid_nodes), frozenset(exclude), max_moves)
+    if search in ctx.consolidation_failed:
+        return None
     candidates = movable_jobs(ctx, record)
     if not candidates:
+        ctx.consolidation_failed.add(search)
         return None
     what_if = cluster.copy()  # one copy; every trial is undone
     if not isinstance(_place_after_moving(ctx, what_if, record, [], exclude, feedback), Unfit):
@@ -142,8 +152,11 @@ def consolidate_for(ctx: CycleContext, record: JobRecord, exclude: set[str], fee
         moves = _moved_jobs_fit_again(ctx, what_if, record, chosen, exclude, feedback)
         if moves is not None and (best is None or _cost(moves) < _cost(best)):
             best = moves
-    if best is not None:
-        _record_moves(ctx, record, best)
+    if best is None:
+        ctx.consolidation_failed.add(search)
+        return None
+    ctx.moves_left -= len(best)
+    _record_moves(ctx, record, best)
     return best
 
 

@@ -11,8 +11,10 @@ its actions, each a module of ``tide.core`` over one ``CycleContext``:
 3. place: nodes it may not use (lost, failed before, earmarked for a gang unless it is preemptible or
    its declared runtime ends in time); place it whole on its view of the cluster (tides relabel lent
    nodes); the plan assumes each bind succeeds and places the next job on what is left;
-4. preempt / reclaim (``preempt``): a job that does not fit, or is over a limit, may evict the
-   cheapest whole set of eligible victims (priority, guarantee and fair-share reclaim, tides);
+4. consolidate (``consolidate``): a job that does not fit only because the free GPUs are scattered
+   moves a few checkpointable jobs of its priority or lower, each of which fits again elsewhere;
+   preempt / reclaim (``preempt``): otherwise a job that does not fit, or is over a limit, may evict
+   the cheapest whole set of eligible victims (priority, guarantee and fair-share reclaim, tides);
 5. backfill (``backfill``): otherwise the first blocked gang earmarks the nodes where it can start
    earliest and the job stays pending with why; a gang past its ``gangTimeoutSeconds`` instead fails
    or shrinks to minMember 1 (``onTimeout``) and earmarks nothing;
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from tide.core.admit import admission_order, quota_check
 from tide.core.backfill import Earmark, earmark_for, may_use_earmarked
+from tide.core.consolidate import consolidate_for
 from tide.core.cycle_context import (
     Bind,
     CycleContext,
@@ -107,6 +110,9 @@ def _admit_and_place(ctx: CycleContext) -> None:
             view = lent_view(ctx.cluster, record, ctx.tide_states, ctx.running)
             result = place_job(ctx.placer, view, record.spec, state.nodes, exclude, feedback)
         if isinstance(result, Unfit):
+            if result.resolvable and not check.excess and consolidate_for(ctx, record, exclude, feedback):
+                ctx.waiting = True  # its moved jobs stop; it is nominated like a preemptor
+                continue
             if result.resolvable and may_preempt(ctx, record, lowest, check.excess) and preempt_for(
                     ctx, record, exclude, feedback, check.excess):
                 ctx.waiting = True

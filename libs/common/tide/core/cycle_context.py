@@ -140,6 +140,8 @@ class CycleContext:
     failed: FailedSearches | None = None
     earmark: Earmark | None = None
     waiting: bool = False  # a pending job waits for room (or for its victims): no elastic extras this cycle
+    moves_left: int = 4  # consolidation: jobs that may still be moved this cycle (tide.core.consolidate)
+    consolidation_failed: set[tuple] = field(default_factory=set)  # searches that found nothing since a change
 
     @property
     def tree(self) -> QueueTree:
@@ -153,3 +155,4 @@ class CycleContext:
         """A bind or a planned preemption: what the failed victim searches saw no longer holds."""
         if self.failed is not None:
             self.failed.changed()
+        self.consolidation_failed.clear()
