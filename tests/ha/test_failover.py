@@ -11,7 +11,7 @@ from tide import subjects
 from tide.client import TideClient
 from tide.stack.launcher import Stack
 from tide.store import keys
-from tide.store.redis import redis_for
+from tide.store.redis import connect_redis, redis_for
 
 from tests.ha.conftest import nats_process, record, redis_master_port, retry, server_of_client
 from tests.helpers import job, py
@@ -115,5 +115,15 @@ async def test_kill_redis_primary_sentinel_promotes_and_services_follow(ha_stack
         assert sum(n["gpus_used_milli"] for n in nodes) == 0
         assert await redis.set("tide:ha-probe", "written")  # a write: the client is on a master
         assert int((await redis.connection_pool.get_master_address())[1]) == info.ports["redis-replica"]
+        # the Sentinel-managed pool blocks like the plain one: 300 commands on 4 connections, none fails
+        settings = info.settings_for("queue")
+        small = connect_redis(settings.redis_url, pool_size=4, sentinels=settings.redis_sentinels,
+                              master_name=settings.redis_master_name,
+                              sentinel_password=settings.redis_sentinel_password)
+        try:
+            results = await asyncio.gather(*[small.incr("tide:ha-burst") for _ in range(300)])
+            assert sorted(results) == list(range(1, 301))
+        finally:
+            await small.aclose()
     finally:
         await redis.aclose()
