@@ -221,6 +221,24 @@ def test_the_earmark_is_where_the_gang_starts_earliest_so_a_long_job_cannot_dela
     assert "earmarked 1 node(s)" in why and "expected to start in 50 s" in why
 
 
+def test_with_an_unknown_start_only_work_the_gang_may_evict_uses_the_earmark() -> None:
+    # a job on both nodes declares no runtime: the gang's start is unknown, so any declared runtime could
+    # delay it (Slurm never backfills what may delay a reservation); best-effort work may still go there,
+    # unless the config makes best-effort non-preemptible (then the gang could not evict it)
+    for config, expected in ((None, ["be"]), ({"priorityClasses": {"best-effort": {"preemptible": False}}}, [])):
+        drive = Drive([small_node("n0", gpus=8), small_node("n1", gpus=8)],
+                      QueueTree.from_config(config), min_runtime_s=1e9, now=50.0)
+        drive.run_on(spec("a", 4), "n0", [0, 1, 2, 3])
+        drive.run_on(spec("b", 4), "n1", [0, 1, 2, 3])
+        gang = drive.submit(spec("gang", 8, replicas=2))
+        drive.submit(spec("short", 4, runtime=10))
+        drive.submit(spec("be", 4, priority="best-effort"))
+        plan = drive.cycle()
+        assert sorted(b.record.spec.metadata.name for b in plan.binds) == expected, config
+        why = {r.job_id: u.reason for r, u in plan.not_placed}
+        assert "earmarked 2 node(s)" in why[gang.job_id]
+
+
 def test_online_serving_does_not_wait_out_the_minimum_runtime_of_young_training() -> None:
     # a 16-pod training gang started 5 s ago fills 16 GPUs; the default minimum runtime is 60 s, but
     # online-serving preempts lower classes with 0 (KAI's per-queue preempt/reclaim minimum runtimes)

@@ -2,11 +2,13 @@
 jobs that cannot delay it may start there.
 
 As Slurm's backfill reserves resources at a blocked job's earliest start time: each running job on a
-node is expected to end at ``started_at + runtimeSeconds`` (a best-effort job at once, since the gang
-may preempt it; a stopping victim within its grace period; a job with no declared runtime never). The
-earmark is the smallest set of nodes that holds the gang at the earliest time at which any set does
-(one node when the gang requires a node or a finer level). A job behind the gang may start on those
-nodes only if it is best-effort (preemptible) or its declared runtime ends by that time.
+node is expected to end at ``started_at + runtimeSeconds`` (a best-effort job that may be preempted at
+once, since the gang may evict it; a stopping victim within its grace period; a job with no declared
+runtime never). The earmark is the smallest set of nodes that holds the gang at the earliest time at
+which any set does (one node when the gang requires a node or a finer level). A job behind the gang
+may start on those nodes only if the gang may evict it at once (best-effort and preemptible) or its
+declared runtime ends by that time; when that time is unknown (a job there declares no runtime), only
+the former, since any runtime could then delay the gang.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import numpy as np
 
 from tide.core.cluster import Cluster
 from tide.core.cycle_context import Running
-from tide.core.job_placement import is_preemptible, pod_request, topology_levels
+from tide.core.job_placement import pod_request, topology_levels
 from tide.core.model import MILLI
+from tide.core.preempt import job_preemptible
+from tide.core.queues import QueueTree
 from tide.core.topology import Level
 from tide.schemas.events import JobRecord, JobState
+from tide.schemas.job import PriorityClass
 
 
 @dataclass(frozen=True)
@@ -38,11 +43,16 @@ class Earmark:
                 f"job(s) on them end ({self.preemptible} of them preemptible){when}")
 
 
-def expected_end(record: JobRecord, now: float) -> float:
+def gives_way(tree: QueueTree, record: JobRecord) -> bool:
+    """May a blocked gang evict this job at once? Best-effort work that may be preempted at all."""
+    return record.spec.metadata.priority_class == PriorityClass.BEST_EFFORT and job_preemptible(tree, record.spec)
+
+
+def expected_end(record: JobRecord, now: float, tree: QueueTree) -> float:
     """When a job holding GPUs is expected to give them back."""
     if record.state == JobState.PREEMPTED:
         return now + record.spec.spec.grace_period_s
-    if is_preemptible(record.spec):
+    if gives_way(tree, record):
         return now
     estimate = record.spec.spec.runtime_estimate_s
     if estimate is None:
@@ -51,7 +61,7 @@ def expected_end(record: JobRecord, now: float) -> float:
     return max(now, started + estimate)
 
 
-def earmark_for(cluster: Cluster, record: JobRecord, running: Running, now: float) -> Earmark:
+def earmark_for(cluster: Cluster, record: JobRecord, running: Running, now: float, tree: QueueTree) -> Earmark:
     """The nodes to keep for the blocked gang ``record`` (see the module docstring)."""
     spec = record.spec
     request = pod_request(spec)
@@ -68,7 +78,7 @@ def earmark_for(cluster: Cluster, record: JobRecord, running: Running, now: floa
     events: list[tuple[float, int, float]] = []  # (time, node, milli it gives back)
     jobs_on: dict[int, list[JobRecord]] = {}
     for other, allocs in running.values():
-        end = expected_end(other, now)
+        end = expected_end(other, now, tree)
         for a in allocs:
             i = cluster.index.get(a.node_id)
             if i is None or capacity[i] == 0:
@@ -99,13 +109,13 @@ def earmark_for(cluster: Cluster, record: JobRecord, running: Running, now: floa
             break
     blocking = {r.job_id: r for i in chosen for r in jobs_on.get(i, [])}
     return Earmark(record.job_id, [cluster.node_ids[i] for i in chosen], start_at, len(blocking),
-                   sum(is_preemptible(r.spec) for r in blocking.values()))
+                   sum(gives_way(tree, r) for r in blocking.values()))
 
 
-def may_use_earmarked(record: JobRecord, earmark: Earmark | None, now: float) -> bool:
-    """May this job start on the earmarked nodes? Only if it is preemptible or its declared runtime
-    ends by the gang's expected start, so it cannot delay the gang."""
-    if earmark is None or is_preemptible(record.spec):
+def may_use_earmarked(record: JobRecord, earmark: Earmark | None, now: float, tree: QueueTree) -> bool:
+    """May this job start on the earmarked nodes? Only if the gang may evict it at once, or its declared
+    runtime ends by the gang's expected start (a known one), so it cannot delay the gang."""
+    if earmark is None or gives_way(tree, record):
         return True
     estimate = record.spec.spec.runtime_estimate_s
-    return estimate is not None and now + estimate <= earmark.start_at
+    return estimate is not None and not math.isinf(earmark.start_at) and now + estimate <= earmark.start_at

@@ -252,7 +252,7 @@ def _moved_jobs_fit_again(ctx: CycleContext, what_if: Cluster, record: JobRecord
         for m in sorted(moved, key=lambda m: (-m.gpus, m.job_id)):
             job = m.record
             avoid = state.lost | set(job.avoid_nodes)
-            if ctx.earmark is not None and not may_use_earmarked(job, ctx.earmark, state.now):
+            if ctx.earmark is not None and not may_use_earmarked(job, ctx.earmark, state.now, ctx.tree):
                 avoid |= set(ctx.earmark.nodes)
             again = place_job(ctx.placer, lent_view(what_if, job, ctx.tide_states, ctx.running), job.spec,
                               state.nodes, avoid, state.weights.get(family_of(job.spec)))

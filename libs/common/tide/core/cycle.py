@@ -100,7 +100,7 @@ def _admit_and_place(ctx: CycleContext) -> None:
             _not_placed(ctx, record, Unfit(check.refused, True), nominated, demand)
             continue
         exclude = state.lost | set(record.avoid_nodes)
-        if ctx.earmark is not None and not may_use_earmarked(record, ctx.earmark, state.now):
+        if ctx.earmark is not None and not may_use_earmarked(record, ctx.earmark, state.now, ctx.tree):
             exclude |= set(ctx.earmark.nodes)
         feedback = state.weights.get(family_of(record.spec))
         result: list | Unfit
@@ -131,7 +131,7 @@ def _admit_and_place(ctx: CycleContext) -> None:
                 ctx.waiting = True
             reason = result.reason
             if result.resolvable and ctx.earmark is None and record.spec.spec.gang_size > 1 and not check.excess:
-                ctx.earmark = earmark_for(ctx.cluster, record, ctx.running, state.now)
+                ctx.earmark = earmark_for(ctx.cluster, record, ctx.running, state.now, ctx.tree)
                 reason += "; " + ctx.earmark.reason(state.now)
             _not_placed(ctx, record, Unfit(reason, result.resolvable), nominated, demand)
             continue
@@ -226,7 +226,7 @@ def _extras_for(ctx: CycleContext, record: JobRecord, feedback: FamilyWeights | 
             ctx.tree, record.spec.metadata.queue, {k: v * (room + 1) for k, v in per_pod.items()}, usage):
         room += 1
     exclude = state.lost | set(record.avoid_nodes)
-    if ctx.earmark is not None and not may_use_earmarked(record, ctx.earmark, state.now):
+    if ctx.earmark is not None and not may_use_earmarked(record, ctx.earmark, state.now, ctx.tree):
         exclude |= set(ctx.earmark.nodes)
     view = lent_view(ctx.cluster, record, ctx.tide_states, ctx.running)
     placements = place_extras(ctx.placer, view, record.spec, indices[:room], exclude, feedback)

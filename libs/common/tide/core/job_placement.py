@@ -30,7 +30,7 @@ from tide.core.gang import place_gang
 from tide.core.topology import Level
 from tide.schemas.events import JobRecord, PodState
 from tide.schemas.feedback import AFFINITY_PREFER_NODE, FamilyWeights
-from tide.schemas.job import JobSpec, PriorityClass
+from tide.schemas.job import JobSpec
 from tide.schemas.node import NodeDescription
 
 MIG_SLICE_MILLI = MILLI // 7  # a MIG compute slice in milli-GPU, so a whole-GPU claim cannot overlap MIG
@@ -64,10 +64,6 @@ def topology_levels(spec: JobSpec, feedback: FamilyWeights | None = None) -> tup
 
 def _level(name: str | None) -> Level | None:
     return Level.parse(name) if name else None
-
-
-def is_preemptible(spec: JobSpec) -> bool:
-    return spec.metadata.priority_class == PriorityClass.BEST_EFFORT
 
 
 def place_job(
