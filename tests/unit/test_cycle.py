@@ -235,3 +235,20 @@ def test_the_lending_pool_keeps_its_headroom_in_gpus_and_refills_it_from_the_che
     assert plan_cycle(state(nodes, borrowed, [], tides=tides, wall=night), Placer()).preemptions == []
     with pytest.raises(ValueError, match="keepGPUs"):
         parse_tides({"tides": [{**rule, "keepGPUs": -1}]})
+
+
+def test_non_preemptible_work_never_borrows_lent_nodes() -> None:
+    """Lent nodes go back when the window closes, evicting their borrowers: a job with ``preemptible:
+    false`` may not borrow them (KAI: non-preemptible work stays within its quota)."""
+    nodes = [small_node("t0", gpus=8, pool="training"), small_node("i0", gpus=8, pool="inference")]
+    busy = record("busy", 8, pool="training", state=JobState.RUNNING)
+    running = {"busy": (busy, [whole("t0", list(range(8)))])}
+    night = datetime.fromisoformat("2026-12-02T23:00")
+    tides = parse_tides({"tides": [{"lend": "inference", "to": "training", "start": "22:00", "end": "07:00"}]})
+    pinned = record("pinned", 8, pool="training", t=1.0)
+    pinned = pinned.model_copy(update={"spec": pinned.spec.model_copy(
+        update={"spec": pinned.spec.spec.model_copy(update={"preemptible": False})})})
+    borrower = record("borrower", 8, pool="training", t=2.0)
+    plan = plan_cycle(state(nodes, running, [pinned, borrower], tides=tides, wall=night), Placer())
+    assert [(b.record.job_id, b.placements[0].alloc.node_id) for b in plan.binds] == [("borrower", "i0")]
+    assert "pinned" in {r.job_id for r, _ in plan.not_placed}

@@ -43,7 +43,10 @@ def return_lent_nodes(ctx: CycleContext) -> None:
 def lent_view(cluster: Cluster, record: JobRecord, tide_states: Mapping[TideRule, TideState],
               running: Running) -> Cluster:
     """The cluster as ``record`` may see it: in an open window, the lent nodes (``lending``) carry the
-    borrowing pool's label."""
+    borrowing pool's label, except for a job with ``preemptible: false`` (lent nodes go back when the
+    window closes, which would evict it)."""
+    if record.spec.spec.preemptible is False:
+        return cluster
     pool = selector_pool(record)
     rules = [r for r, s in tide_states.items() if s == TideState.OPEN and r.to == pool]
     if not rules:
