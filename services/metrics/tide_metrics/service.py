@@ -37,7 +37,7 @@ from tide.schemas.job import JobSpec
 from tide.schemas.node import NodeDescription
 from tide.settings import Settings
 from tide.store import keys
-from tide.store.redis import connect_redis
+from tide.store.redis import redis_for
 
 from tide_metrics import state
 from tide_metrics.feedback import FeedbackLoop, JobUsage
@@ -114,7 +114,7 @@ class MetricsService:
             resource=Resource.create({"service.name": "tide-metrics"}), metric_readers=[PrometheusMetricReader()]
         )
         self._instruments(provider.get_meter("tide.metrics"))
-        self.redis: Redis = connect_redis(self.settings.redis_url)
+        self.redis: Redis = redis_for(self.settings)
         self.nc = await connect(self.settings, "tide-metrics")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)

@@ -75,7 +75,7 @@ from tide.settings import Settings
 from tide.store import keys
 from tide.store.claims import ClaimItem, ClaimStore, PodClaim
 from tide.store.jobs import JobStore
-from tide.store.redis import connect_redis
+from tide.store.redis import redis_for
 from tide.tracing import job_span
 
 from tide_placer.view import ClusterView
@@ -131,7 +131,7 @@ class PlacerService:
         self.nc = await connect(self.settings, "tide-placer")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
-        self.redis = connect_redis(self.settings.redis_url)
+        self.redis = redis_for(self.settings)
         self.jobs = JobStore(self.redis)
         self.claims = ClaimStore(self.redis)
         self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)

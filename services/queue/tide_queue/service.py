@@ -30,7 +30,7 @@ from tide.schemas.events import (
 from tide.settings import Settings
 from tide.store import keys
 from tide.store.jobs import JobStore
-from tide.store.redis import connect_redis
+from tide.store.redis import redis_for
 from tide.tracing import job_span
 
 from tide_queue.validation import parse_submission
@@ -48,7 +48,7 @@ class QueueService:
         self.nc = await connect(self.settings, "tide-queue")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
-        self.redis = connect_redis(self.settings.redis_url)
+        self.redis = redis_for(self.settings)
         self.jobs = JobStore(self.redis)
         await self.nc.subscribe(subjects.API_STATUS, cb=self._api_status)
         await self.nc.subscribe(subjects.API_QUEUES, cb=self._api_queues)

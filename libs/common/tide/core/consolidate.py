@@ -16,7 +16,11 @@ The rule. A pending job that does not fit may move running jobs when all of thes
 - at most ``max_moves`` jobs move for one pending job (``MAX_MOVES`` by default), and at most
   ``MAX_MOVES`` in one cycle in all (``CycleContext.moves_left``); a search that found nothing is not
   repeated for the same request until the cycle binds or evicts something;
-- the pending job asks for GPUs (whole or shares; MIG slices are not consolidated) and the free GPUs of
+- at most ``MAX_SEARCHES`` pending jobs are searched for in one cycle (``CycleContext.searches_left``):
+  each search places the job and its moved jobs a few dozen times, and a saturated cluster has many
+  blocked jobs;
+- the pending job asks for whole GPUs (shares fit in the gaps that fragmentation leaves, and MIG
+  slices are not consolidated) and the free GPUs of
   the cluster add up to what it asks: otherwise it is not a matter of fragmentation.
 
 Among the sets found, the cheapest is kept: fewest GPUs moved, then least work lost (seconds since its
@@ -58,6 +62,7 @@ from tide.schemas.feedback import FamilyWeights, family_of
 from tide.schemas.job import PRIORITY_VALUES, PriorityClass
 
 MAX_MOVES = 4  # jobs moved for one pending job, at most
+MAX_SEARCHES = 8  # pending jobs searched for in one cycle, at most
 MAX_STARTS = 8  # start nodes tried, at most
 CHECKPOINTABLE_CLASSES = frozenset({PriorityClass.BEST_EFFORT, PriorityClass.OFFLINE_TRAINING})
 
@@ -125,15 +130,16 @@ def consolidate_for(ctx: CycleContext, record: JobRecord, exclude: set[str], fee
     demand = job_demand(record.spec)
     cluster = ctx.cluster
     request = pod_request(record.spec, feedback)
-    if demand["gpu"] <= 0 or request.kind == "mig":
-        return None  # only whole GPUs and shares are consolidated
+    if request.gpu_count < 1:
+        return None  # only whole GPUs are consolidated
     if cluster.milli_free[cluster.gpu_exists].sum() < demand["gpu"] * MILLI:
         return None  # not a matter of fragmentation: the free GPUs are too few in all
     # a search that found nothing finds nothing for the same request until the cycle changes something
     search = (request, record.spec.spec.gang_size, record.spec.metadata.priority_class,
               topology_levels(record.spec, feedback), frozenset(record.avoid_nodes), frozenset(exclude), max_moves)
-    if search in ctx.consolidation_failed:
+    if search in ctx.consolidation_failed or ctx.searches_left <= 0:
         return None
+    ctx.searches_left -= 1
     candidates = movable_jobs(ctx, record)
     if not candidates:
         ctx.consolidation_failed.add(search)

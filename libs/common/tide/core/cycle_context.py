@@ -141,6 +141,7 @@ class CycleContext:
     earmark: Earmark | None = None
     waiting: bool = False  # a pending job waits for room (or for its victims): no elastic extras this cycle
     moves_left: int = 4  # consolidation: jobs that may still be moved this cycle (tide.core.consolidate)
+    searches_left: int = 8  # consolidation: pending jobs that may still be searched for this cycle
     consolidation_failed: set[tuple] = field(default_factory=set)  # searches that found nothing since a change
 
     @property

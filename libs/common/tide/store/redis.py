@@ -6,8 +6,8 @@ flight, which a placer starting a few hundred pods at once reaches.
 
 High availability (docs/ha.md): with ``TIDE_REDIS_SENTINELS`` set, the master is asked of the Sentinels
 before each new connection, so after a failover the retried commands reach the promoted replica. The
-URL then gives only the user, password and db. The services call ``connect_redis(url)`` alone, so the
-Sentinel settings come from the environment unless passed.
+URL then gives only the user, password and db. The services connect with ``redis_for(settings)``;
+``connect_redis(url)`` alone (scripts, tests) reads the Sentinel settings from the environment.
 """
 
 from __future__ import annotations
