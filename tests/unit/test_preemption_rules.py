@@ -336,7 +336,8 @@ def test_queue_priority_orders_siblings_after_guarantees() -> None:
 
 
 @st.composite
-def crowded_trees(draw: st.DrawFn) -> tuple[dict, list[int], list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+def crowded_trees(draw: st.DrawFn, pending_gpus: st.SearchStrategy[int] = st.sampled_from([1, 1, 2])
+                  ) -> tuple[dict, list[int], list[tuple[str, str, int]], list[tuple[str, str, int]]]:
     """A random queue tree (a parent with children, and top-level queues), nodes, running and pending jobs."""
     leaves = []
     top = []
@@ -355,7 +356,7 @@ def crowded_trees(draw: st.DrawFn) -> tuple[dict, list[int], list[tuple[str, str
     config = {"queues": top, "fairSharing": {"enabled": draw(st.booleans()), "threshold": 0.05}}
     nodes = draw(st.lists(st.sampled_from([4, 8]), min_size=1, max_size=3))
     priorities = ["best-effort", "offline-training", "online-serving"]
-    job = st.tuples(st.sampled_from(leaves), st.sampled_from(priorities), st.sampled_from([1, 1, 2]))
+    job = st.tuples(st.sampled_from(leaves), st.sampled_from(priorities), pending_gpus)
     running = draw(st.lists(st.tuples(st.sampled_from(leaves), st.sampled_from(priorities), st.just(1)),
                             min_size=sum(nodes) // 2, max_size=sum(nodes)))
     pending = draw(st.lists(job, min_size=1, max_size=10))
@@ -400,3 +401,27 @@ def test_no_preemptor_evicts_beyond_its_need_and_no_two_queues_take_turns(case: 
                 assert value > took_from[victim.job_id][1], (p, took_from)
             took_from.setdefault(p.by, (set(), value))[0].add(victim.spec.metadata.queue)
     assert all(not p.preemptions for p in drive.plans[-2:])
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(crowded_trees(pending_gpus=st.just(1)))
+def test_with_single_gpu_jobs_no_cycle_evicts_more_than_1_1_times_what_its_preemptors_need(case: tuple) -> None:
+    """The issue's bound, where it is meaningful: every job asks 1 GPU, so no victim is bigger than a need
+    and every GPU evicted beyond the preemptors' demand would be a storm."""
+    config, sizes, running, pending = case
+    drive = Drive([small_node(f"n{i}", gpus=g) for i, g in enumerate(sizes)], QueueTree.from_config(config))
+    limits = {q["name"]: q["limit"]["gpu"] for q in config["queues"] if "limit" in q}
+    used: dict[str, int] = {}
+    for queue, priority, gpus in running:
+        top = queue.split("/")[0]
+        if drive.cluster.milli_free.sum() >= MILLI * gpus and used.get(top, 0) + gpus <= limits.get(top, 10**6):
+            drive.run(spec("r", gpus, queue, priority))
+            used[top] = used.get(top, 0) + gpus
+    for queue, priority, gpus in pending:
+        drive.submit(spec("p", gpus, queue, priority))
+    for _ in range(10):
+        before = dict(drive.running)
+        plan = drive.cycle()
+        evicted = sum(before[p.job_id][0].spec.spec.template.resources.gpu for p in plan.preemptions)
+        needed = sum(drive.pending[j].spec.spec.template.resources.gpu for j in plan.nominations)
+        assert evicted <= 1.1 * needed, plan
