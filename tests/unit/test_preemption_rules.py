@@ -335,8 +335,11 @@ def test_queue_priority_orders_siblings_after_guarantees() -> None:
     assert sorted(b.record.spec.metadata.queue for b in plan.binds) == ["high", "high"]
 
 
+MIXED_SIZES = st.sampled_from([1, 1, 2])
+
+
 @st.composite
-def crowded_trees(draw: st.DrawFn, pending_gpus: st.SearchStrategy[int] = st.sampled_from([1, 1, 2])
+def crowded_trees(draw: st.DrawFn, pending_gpus: st.SearchStrategy[int] = MIXED_SIZES
                   ) -> tuple[dict, list[int], list[tuple[str, str, int]], list[tuple[str, str, int]]]:
     """A random queue tree (a parent with children, and top-level queues), nodes, running and pending jobs."""
     leaves = []
