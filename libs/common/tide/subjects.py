@@ -41,6 +41,14 @@ def node_cmd(node_id: str) -> str:
     return f"{PREFIX}.node.{node_id}.cmd"
 
 
+NODE_LOGS_ALL = f"{PREFIX}.node.*.logs"
+
+
+def node_logs(node_id: str) -> str:
+    """Pod logs, request/reply: the node's agent answers from its work dir (tide_node_agent/logs.py)."""
+    return f"{PREFIX}.node.{node_id}.logs"
+
+
 def node_inbox_prefix(node_id: str) -> str:
     """The only inbox prefix a node agent may subscribe to (for its JetStream publish acks)."""
     return f"_INBOX_{node_id}"

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections import OrderedDict
@@ -44,6 +45,7 @@ from tide.schemas.node import MigInstanceDescription, NodeDescription, default_h
 from tide.settings import Settings
 from tide.tracing import job_span
 
+from tide_node_agent import logs
 from tide_node_agent.gpu import BackendUnavailable, GpuBackend, MigError, PodGpus, parse_labels, with_labels
 from tide_node_agent.gpu.simulated import SimulatedBackend
 from tide_node_agent.runtime import (
@@ -173,6 +175,7 @@ class NodeAgent:
         )
         self.js = self.nc.jetstream()
         await self.nc.subscribe(subjects.node_cmd(self.node_id), cb=self._on_command)
+        await self.nc.subscribe(subjects.node_logs(self.node_id), cb=self._on_logs)
         await self._register()
         self.nc._reconnected_cb = self._on_reconnect  # re-announce after a NATS restart
 
@@ -313,6 +316,13 @@ class NodeAgent:
             ack = CommandAck(ok=False, error=repr(exc))
         if msg.reply:
             await msg.respond(ack.model_dump_json().encode())
+
+    async def _on_logs(self, msg: Msg) -> None:
+        """Pod logs on request (tide_node_agent/logs.py), read in a thread: a slow disk never stalls commands."""
+        if not msg.reply:
+            return
+        body = await asyncio.to_thread(logs.answer, self.work_dir, self.node_id, set(self.pods), msg.data)
+        await msg.respond(json.dumps(body).encode())
 
     def _cpus_for(self, cmd: StartPod) -> list[int] | None:
         if not self.settings.cpu_pinning or not cmd.gpus:

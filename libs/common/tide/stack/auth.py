@@ -1,7 +1,7 @@
 """Credentials and permissions: one NATS user per service and per node agent, Redis ACL users.
 
 A node agent may publish only its own status and telemetry subjects and subscribe only to
-its own command subject and its own inbox prefix; it does not touch Redis.
+its own command and logs subjects and its own inbox prefix; it does not touch Redis.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
         },
         # people and scripts: submit, cancel, ask, watch
         "admin": {
-            "publish": [subjects.JOB_SUBMIT, subjects.JOB_CANCEL, "tide.api.>", subjects.PLACER_KICK, JS_API],
+            "publish": [subjects.JOB_SUBMIT, subjects.JOB_CANCEL, "tide.api.>", subjects.PLACER_KICK,
+                        subjects.NODE_LOGS_ALL, JS_API],
             "subscribe": [subjects.EVENTS_ALL, subjects.JOB_REJECTED, INBOX],
         },
     }
@@ -49,7 +50,8 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
 def node_permissions(node_id: str) -> dict[str, list[str]]:
     return {
         "publish": [subjects.node_status(node_id), subjects.telemetry(node_id)],
-        "subscribe": [subjects.node_cmd(node_id), f"{subjects.node_inbox_prefix(node_id)}.>"],
+        "subscribe": [subjects.node_cmd(node_id), subjects.node_logs(node_id),
+                      f"{subjects.node_inbox_prefix(node_id)}.>"],
     }
 
 
