@@ -184,7 +184,8 @@ async def test_two_placers_never_double_allocate(make_stack, tmp_path: Path) -> 
         text = (Path(stack.home) / "logs" / f"{name}.log").read_text()
         if '"gang_committed"' in text:
             placers.add(name)
-    assert placers == {"placer", "placer-2"}, "both placers should have placed work"
+    # one leader lease: exactly one of the two placers plans and binds (the other is its standby)
+    assert len(placers) == 1, f"exactly one placer (the lease holder) should have placed work: {placers}"
     assert await redis.scard(keys.CLAIMS_INDEX) == 0
     await redis.aclose()
 

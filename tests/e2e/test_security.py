@@ -12,6 +12,7 @@ from tide import subjects
 from tide.schemas.events import PodExited
 from tide.stack.auth import node_user
 from tide.stack.launcher import Stack
+from tide.store import keys
 
 
 async def _connect_as(stack: Stack, user: str, errors: list[Exception]):
@@ -79,7 +80,9 @@ async def test_redis_requires_credentials_and_limits_keys(stack: Stack) -> None:
     placer = Redis.from_url(info.redis_url("placer"))
     try:
         assert await placer.ping()
-        await placer.set("tide:probe", "1")
+        await placer.set(f"{keys.PREFIX}:probe", "1")
+        with pytest.raises(NoPermissionError):
+            await placer.set("tide:probe", "1")  # the old, untagged layout is outside the ACL too
         with pytest.raises(NoPermissionError):
             await placer.set("other:probe", "1")
         with pytest.raises(NoPermissionError):

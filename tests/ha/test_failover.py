@@ -113,7 +113,7 @@ async def test_kill_redis_primary_sentinel_promotes_and_services_follow(ha_stack
             assert all(int(float(v)) == 0 for v in used.values()), (node_id, used)
         nodes = await retry(ha_client.nodes, 10, "nodes")
         assert sum(n["gpus_used_milli"] for n in nodes) == 0
-        assert await redis.set("tide:ha-probe", "written")  # a write: the client is on a master
+        assert await redis.set(f"{keys.PREFIX}:ha-probe", "written")  # a write: the client is on a master
         assert int((await redis.connection_pool.get_master_address())[1]) == info.ports["redis-replica"]
         # the Sentinel-managed pool blocks like the plain one: 300 commands on 4 connections, none fails
         settings = info.settings_for("queue")
@@ -121,7 +121,7 @@ async def test_kill_redis_primary_sentinel_promotes_and_services_follow(ha_stack
                               master_name=settings.redis_master_name,
                               sentinel_password=settings.redis_sentinel_password)
         try:
-            results = await asyncio.gather(*[small.incr("tide:ha-burst") for _ in range(300)])
+            results = await asyncio.gather(*[small.incr(f"{keys.PREFIX}:ha-burst") for _ in range(300)])
             assert sorted(results) == list(range(1, 301))
         finally:
             await small.aclose()

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     fault_pause_after_reserve_s: float = Field(
         default=0.0, description="fault injection for tests: stall between reserve and start"
     )
+    placer_lease_ttl_s: float = Field(
+        default=5.0, gt=0, description="placer leader lease: it lapses this long after the leader's last renewal")
+    placer_lease_renew_s: float = Field(
+        default=1.0, gt=0, description="the leader renews its lease (and a standby tries to take it) this often")
 
     # metrics
     metrics_host: str = "127.0.0.1"
@@ -91,4 +95,8 @@ class Settings(BaseSettings):
         if self.node_lease_s < 2 * self.heartbeat_s:
             raise ValueError(f"TIDE_NODE_LEASE_S ({self.node_lease_s:g}) must be at least twice TIDE_HEARTBEAT_S "
                              f"({self.heartbeat_s:g}): the node lease is renewed on each heartbeat")
+        if self.placer_lease_ttl_s < 3 * self.placer_lease_renew_s:
+            raise ValueError(f"TIDE_PLACER_LEASE_TTL_S ({self.placer_lease_ttl_s:g}) must be at least three times "
+                             f"TIDE_PLACER_LEASE_RENEW_S ({self.placer_lease_renew_s:g}): a leader that misses one "
+                             "renewal keeps its lease")
         return self

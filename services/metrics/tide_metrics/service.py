@@ -366,7 +366,7 @@ class MetricsService:
                 for (n, node), used in zip(nodes.items(), out[:len(nodes)], strict=True)}
         claims = [(k, json.loads(a)) for k, a in zip(claim_keys, out[len(nodes):-1], strict=True) if a]
         weights = {f: FamilyWeights.model_validate_json(w) for f, w in out[-1].items()}
-        claim_jobs = [key.removeprefix(f"{keys.PREFIX}:claim:").rsplit(":", 1)[0] for key, _ in claims]
+        claim_jobs = [keys.parse_claim(key)[0] for key, _ in claims]
         infos = await self.job_infos([*pending_ids, *claim_jobs])
         specs = [infos[job_id].spec for job_id in pending_ids if job_id in infos]
         queue_used: dict[str, float] = {}

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import nats
 import structlog
@@ -73,8 +74,9 @@ from tide.schemas.feedback import FamilyWeights
 from tide.schemas.node import NodeDescription
 from tide.settings import Settings
 from tide.store import keys
-from tide.store.claims import ClaimItem, ClaimStore, PodClaim
+from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim
 from tide.store.jobs import JobStore
+from tide.store.lease import LeaderLease, transition
 from tide.store.redis import redis_for
 from tide.tracing import job_span
 
@@ -132,29 +134,101 @@ class PlacerService:
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
         self.redis = redis_for(self.settings)
-        self.jobs = JobStore(self.redis)
-        self.claims = ClaimStore(self.redis)
+        # Only the holder of the leader lease plans, binds and handles node status; every script it runs
+        # (claims, job records) carries the lease token and is refused once another placer holds the lease.
+        self.lease = LeaderLease(self.redis, keys.PLACER_LEADER, "placer", self.settings.placer_lease_ttl_s,
+                                 self.settings.placer_lease_renew_s)
+        self.jobs = JobStore(self.redis, fence=lambda: self.lease.token)
+        self.claims = ClaimStore(self.redis, fence=lambda: self.lease.token)
         self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)
+        self._leading = asyncio.Event()  # set while this placer holds the lease
+        self._not_leading = asyncio.Event()
+        self._not_leading.set()
+        self._own_resv: set[str] = set()  # reservations this placer is starting (others': adopt or let lapse)
+        await self._load_node_leases()
+        await self.nc.subscribe(subjects.PLACER_KICK, cb=self._on_kick)
+        await self.nc.subscribe(subjects.API_NODES, cb=self._api_nodes)
+        await self.nc.subscribe(subjects.TELEMETRY_ALL, cb=self._on_telemetry)
+        await self._lease_step()  # a lone placer leads from its first cycle
+
+    async def _load_node_leases(self) -> None:
         for node_id, raw in (await self.redis.hgetall(keys.NODE_LEASES)).items():
             try:
                 self.leases[node_id] = {k: float(v) for k, v in json.loads(raw).items()}
             except (ValueError, TypeError, AttributeError):
                 log.warning("bad_node_lease", node_id=node_id)
-        await self.nc.subscribe(subjects.PLACER_KICK, cb=self._on_kick)
-        await self.nc.subscribe(subjects.API_NODES, cb=self._api_nodes)
-        await self.nc.subscribe(subjects.TELEMETRY_ALL, cb=self._on_telemetry)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await asyncio.gather(
-            consume(self.js, subjects.PLACER_NODE_STATUS, self._on_node_status, stop, order_key=status_order_key),
-            self._cycle_loop(stop),
-        )
+        await asyncio.gather(self._lease_loop(stop), self._status_loop(stop), self._cycle_loop(stop))
 
     async def close(self) -> None:
         if self._starting:  # let reserved gangs finish starting (or roll back) before the connections go
             await asyncio.wait(self._starting, timeout=self.settings.start_ack_timeout_s + 2)
+        try:
+            if await self.lease.release():
+                log.info("placer_leader_released", token=self.lease.state.token)
+        except Exception as exc:  # noqa: BLE001 - Redis away: the lease lapses after its TTL instead
+            log.warning("placer_leader_release_failed", error=repr(exc))
         await close_nats(self.nc)
         await self.redis.aclose()
+
+    # ------------------------------------------------------------ leader lease
+    def leading(self) -> bool:
+        return self.lease.leading()
+
+    async def _lease_step(self) -> None:
+        """Renew or try to take the lease, then act on a change of leadership."""
+        was = self._leading.is_set()
+        try:
+            await self.lease.step()
+        except Exception as exc:  # noqa: BLE001 - Redis away: the lease's own deadline decides
+            log.warning("placer_lease_error", error=repr(exc), token=self.lease.state.token)
+        await self._leadership_changed(was, self.lease.leading(), "lease lapsed or taken by another placer")
+
+    async def _leadership_changed(self, was: bool, now: bool, why: str) -> None:
+        change = transition(was, now)
+        if change == "acquired":
+            log.info("placer_leader_acquired", token=self.lease.state.token)
+            await self._load_node_leases()  # what the previous leader registered meanwhile
+            self.view.invalidate()
+            self._own_resv.clear()
+            self._not_leading.clear()
+            self._leading.set()
+            self._kick.set()
+        elif change == "lost":
+            log.warning("placer_leader_lost", token=self.lease.state.token, reason=why)
+            self._leading.clear()
+            self._not_leading.set()
+
+    async def _step_down(self, why: str) -> None:
+        """A fenced script refused: another placer holds the lease; stop acting at once."""
+        was = self._leading.is_set()
+        self.lease.drop()
+        await self._leadership_changed(was, False, why)
+
+    async def _lease_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.settings.placer_lease_renew_s)
+            except TimeoutError:
+                pass
+            if not stop.is_set():
+                await self._lease_step()
+
+    async def _status_loop(self, stop: asyncio.Event) -> None:
+        """Pull node status (registrations, pod starts and exits) only while leading; a standby leaves them
+        in the stream for the leader."""
+        while not stop.is_set():
+            if not self._leading.is_set():
+                await _first(stop.wait(), self._leading.wait())
+                continue
+            lost = asyncio.Event()
+            watcher = asyncio.create_task(_set_when(lost, stop, self._not_leading))
+            try:
+                await consume(self.js, subjects.PLACER_NODE_STATUS, self._on_node_status, lost,
+                              order_key=status_order_key)
+            finally:
+                watcher.cancel()
 
     # ------------------------------------------------------------ triggers
     async def _on_kick(self, msg: Msg) -> None:
@@ -180,7 +254,10 @@ class PlacerService:
                 except TimeoutError:
                     pass
                 self._kick.clear()
-                await self.cycle()
+                if self.leading():
+                    await self.cycle()
+            except FencedOut as exc:
+                await self._step_down(str(exc))
             except Exception as exc:
                 log.exception("cycle_failed", error=repr(exc))
                 await asyncio.sleep(0.5)
@@ -194,12 +271,29 @@ class PlacerService:
 
     async def _reconcile(self) -> None:
         for resv in await self.claims.expire():
-            job_id, _, attempt = resv.rpartition(":")
+            job_id, attempt = keys.parse_reservation_id(resv)
             record = await self.jobs.get(job_id)
             if record is not None and record.reservation == resv:
-                await self._rollback(job_id, int(attempt), "gang reservation lapsed before every pod started")
+                await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
+        await self._adopt_reservations()
         await self._detect_lost_nodes()
         await self._fence_reported()
+
+    async def _adopt_reservations(self) -> None:
+        """Reservations this placer is not starting (a previous leader's, killed between reserve and commit):
+        one whose pods all run, as its job's record says, is committed now; any other lapses after its TTL
+        and is rolled back by ``_reconcile``, like a reservation of a crashed placer."""
+        for resv in await self.claims.reservations():
+            if resv in self._own_resv:
+                continue
+            job_id, attempt = keys.parse_reservation_id(resv)
+            record = await self.jobs.get(job_id)
+            if record is None or not adoptable(record, resv, attempt):
+                continue
+            if not await self.claims.commit(resv):
+                continue  # lapsed meanwhile: the next reconcile rolls it back
+            await self._update(job_id, lambda r, resv=resv: committed(r, resv))  # type: ignore[misc]
+            log.info("reservation_adopted", job_id=job_id, reservation=resv)
 
     async def queue_config(self) -> tuple[QueueTree, list[TideRule]]:
         raw = await self.redis.get(keys.QUEUE_CONFIG)
@@ -439,7 +533,7 @@ class PlacerService:
         meanwhile (cancelled, or another placer got there first; the slots are handed back)."""
         job_id = record.job_id
         attempt = record.attempts + 1
-        resv = f"{job_id}:{attempt}"
+        resv = keys.reservation_id(job_id, attempt)
         assignments = {p.pod_index: gpu_assignments(by_id[p.alloc.node_id], p.alloc) for p in placements}
         claims = [
             PodClaim(
@@ -452,8 +546,10 @@ class PlacerService:
             for p in placements
         ]
         ttl_ms = int(self.settings.reservation_ttl_s * 1000)
+        self._own_resv.add(resv)
         ok, why = await self.claims.reserve(claims, resv, ttl_ms)
         if not ok:
+            self._own_resv.discard(resv)
             log.info("reserve_lost", job_id=job_id, reason=why)
             self.view.invalidate()  # Redis refused what the view thought was free
             return None
@@ -491,22 +587,30 @@ class PlacerService:
         updated = await self._update(job_id, assign, dequeue=not grow)
         if updated is None:  # cancelled, or another placer got there first: not a stale view
             await self.claims.release([c.key for c in claims], resv)
+            self._own_resv.discard(resv)
             return None
         log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}),
                  pods=[p.pod_index for p in placements], extras=grow)
         return Reserved(updated, placements, assignments, resv, attempt, grow)
 
     async def _start_or_roll_back(self, reserved: Reserved) -> None:
-        """A background start that fails outright (Redis or NATS away) undoes its attempt, logged."""
+        """A background start that fails outright (Redis or NATS away) undoes its attempt, logged. A fenced
+        one (another placer leads now) leaves the attempt to the leader: adopted or lapsed."""
         try:
             await self._start(reserved)
+        except FencedOut as exc:
+            await self._step_down(str(exc))
         except Exception as exc:
             job_id = reserved.record.job_id
             log.exception("start_failed", job_id=job_id, reservation=reserved.resv, error=repr(exc))
             try:
                 await self._rollback(job_id, reserved.attempt, f"start failed: {exc!r}")
+            except FencedOut as fenced:
+                await self._step_down(str(fenced))
             except Exception:  # still away: the reservation lapses and the lapse sweep requeues the job
                 log.exception("rollback_failed", job_id=job_id, reservation=reserved.resv)
+        finally:
+            self._own_resv.discard(reserved.resv)
 
     async def _start(self, reserved: Reserved) -> None:
         """Start a reserved gang's pods; commit once every agent acknowledged, else roll it back whole."""
@@ -558,14 +662,7 @@ class PlacerService:
             if not await self.claims.commit(resv):
                 await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
                 return
-
-            def committed(r: JobRecord) -> bool:
-                if r.reservation != resv:
-                    return False
-                r.reservation, r.avoid_nodes = None, []
-                return True
-
-            await self._update(job_id, committed)
+            await self._update(job_id, lambda r: committed(r, resv))
             log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements), extras=reserved.grow)
 
     async def _send(self, node_id: str, command: StartPod | StopPod) -> str:
@@ -648,13 +745,13 @@ class PlacerService:
         skip = set(bad_nodes)
         pods = [p for p in record.pods if p.node and pod_token(record, p) == attempt]
         await self._stop_now(record, [p for p in pods if p.state not in POD_DONE_STATES], skip)
-        resv = record.reservation if record.reservation == f"{job_id}:{attempt}" else ""
+        resv = record.reservation if record.reservation == keys.reservation_id(job_id, attempt) else ""
         await self.claims.release([keys.claim(job_id, p.name) for p in pods], resv)
 
         def back(r: JobRecord) -> bool:
             if not extras_attempt(r, attempt):
                 return False
-            if r.reservation == f"{job_id}:{attempt}":
+            if r.reservation == keys.reservation_id(job_id, attempt):
                 r.reservation = None
             r.avoid_nodes = sorted(set(r.avoid_nodes) | skip)
             for p in r.pods:
@@ -707,6 +804,17 @@ class PlacerService:
 
     # ------------------------------------------------------------ node agents
     async def _on_node_status(self, msg: Msg) -> None:
+        """Handled only while leading: otherwise (or when a script is fenced midway) the message is nak'ed
+        and goes to the leader."""
+        if not self.leading():
+            raise NotLeading("a standby placer does not handle node status")
+        try:
+            await self._handle_node_status(msg)
+        except FencedOut as exc:
+            await self._step_down(str(exc))
+            raise
+
+    async def _handle_node_status(self, msg: Msg) -> None:
         try:
             status = NODE_STATUS.validate_json(msg.data)
         except ValueError as exc:
@@ -757,7 +865,7 @@ class PlacerService:
         for claim_key, alloc in (await self.claims.all_claims()).items():
             if alloc.get("node_id") != node_id:
                 continue
-            _, _, job_id, pod = claim_key.split(":", 3)
+            job_id, pod = keys.parse_claim(claim_key)
             record = await self.jobs.get(job_id)
             pod_rec = next((p for p in record.pods if p.name == pod), None) if record else None
             if record and pod_rec and pod_rec.state == PodState.RUNNING:
@@ -956,6 +1064,43 @@ class PlacerService:
                 "last_seen_s": round(now - self.last_seen[n.node_id], 1) if n.node_id in self.last_seen else None,
             })
         await msg.respond(json.dumps({"nodes": out}).encode())
+
+
+class NotLeading(Exception):
+    """This placer does not hold the leader lease."""
+
+
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Wait until the first of ``waits`` is done; cancel the rest."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _set_when(target: asyncio.Event, *events: asyncio.Event) -> None:
+    """Set ``target`` once any of ``events`` is set."""
+    await _first(*[e.wait() for e in events])
+    target.set()
+
+
+def committed(record: JobRecord, resv: str) -> bool:
+    """The record change after reservation ``resv`` was committed (False: the record moved on)."""
+    if record.reservation != resv:
+        return False
+    record.reservation, record.avoid_nodes = None, []
+    return True
+
+
+def adoptable(record: JobRecord, resv: str, attempt: int) -> bool:
+    """A reservation another placer left can be committed by the leader: the record still names it, the job
+    is running, and every pod of that attempt has started and not exited."""
+    if record.reservation != resv or record.state != JobState.RUNNING or record.cancel_requested:
+        return False
+    pods = [p for p in record.pods if p.node and pod_token(record, p) == attempt]
+    return bool(pods) and all(p.state == PodState.RUNNING for p in pods)
 
 
 def status_order_key(msg: Msg) -> str:

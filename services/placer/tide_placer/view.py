@@ -157,7 +157,7 @@ class ClusterView:
         """job -> pod index -> allocation of each elastic extra pod (index >= minMember) holding a claim."""
         out: dict[str, dict[int, Allocation]] = {}
         for key, alloc in self.allocs.items():
-            _, _, job_id, pod = key.split(":", 3)
+            job_id, pod = keys.parse_claim(key)
             held = running.get(job_id)
             index = pod.rpartition("-")[2]
             if held is None or not held[0].spec.spec.elastic or not index.isdigit():
@@ -169,7 +169,7 @@ class ClusterView:
     async def _running(self) -> Running:
         by_job: dict[str, list[Allocation]] = {}
         for key, alloc in self.allocs.items():
-            by_job.setdefault(key.split(":")[2], []).append(alloc)
+            by_job.setdefault(keys.parse_claim(key)[0], []).append(alloc)
         job_ids = list(by_job)
         records = await self.records(job_ids)
         return {j: (r, by_job[j]) for j, r in zip(job_ids, records, strict=True) if r is not None}

@@ -11,6 +11,7 @@ import secrets
 from dataclasses import dataclass
 
 from tide import subjects
+from tide.store import keys
 
 SERVICES = ("queue", "placer", "metrics")
 JS_API = "$JS.API.>"
@@ -129,11 +130,12 @@ def _user(name: str, password: str, perms: dict[str, list[str]]) -> str:
 
 
 def redis_acl_lines(passwords: dict[str, str], ha: bool = False) -> list[str]:
-    """Valkey/Redis ACL: the default user off, each service limited to ``tide:*`` keys. With ``ha``, also a
+    """Valkey/Redis ACL: the default user off, each service limited to ``{tide}:*`` keys (``keys.ACL_PATTERN``:
+    the ``{tide}`` hash tag every key carries). With ``ha``, also a
     replication user (only what a replica needs) and the Sentinels' user (the commands Redis documents for it)."""
     lines = ["user default off"]
     for name in SERVICES:
-        lines.append(f"user {name} on >{passwords[name]} ~tide:* &* +@all -@dangerous")
+        lines.append(f"user {name} on >{passwords[name]} ~{keys.ACL_PATTERN} &* +@all -@dangerous")
     if ha:
         lines.append(f"user {REPLICATION_USER} on >{passwords[REPLICATION_USER]} +psync +replconf +ping")
         lines.append(

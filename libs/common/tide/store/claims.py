@@ -5,12 +5,15 @@ Each node has a capacity hash and a used hash, field by field (``cpu``, ``mem``,
 items; the claim script checks every item of every pod against capacity and claims all or
 nothing. Claims taken under a reservation lapse after its TTL unless committed; the scripts
 themselves release lapsed reservations before they do anything else, and so does the
-reconciler's ``expire`` call.
+reconciler's ``expire`` call. Every script is given every key it touches (Redis Cluster: one hash tag,
+one slot), and a placer's scripts are fenced by its leader lease token.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -21,17 +24,24 @@ from tide.core.mig import MIG_MEMORY_SLOTS
 from tide.schemas.node import NodeDescription
 from tide.store import keys
 
-SCRIPT_KEYS = {
-    "index": keys.CLAIMS_INDEX,
-    "reservations": keys.RESERVATIONS,
-    "resv_prefix": keys.RESERVATION_PREFIX,
-    "expired": keys.EXPIRED_RESERVATIONS,
-}
+BASE_KEYS = [keys.CLAIMS_INDEX, keys.RESERVATIONS, keys.EXPIRED_RESERVATIONS, keys.PLACER_LEADER]
+"""KEYS[1..4] of every claim script (store/lua/prelude.lua); the keys of the call follow them."""
+LAPSE_MARGIN_MS = 2000
+"""claim and commit name the reservations that lapse within this long of the client's look (Redis judges)"""
+KEY_RETRIES = 20
+
+
+class FencedOut(Exception):
+    """A fenced script refused: the placer leader lease no longer holds this placer's token."""
 
 
 def _script(name: str) -> str:
     lua = resources.files("tide.store").joinpath("lua")
     return lua.joinpath("prelude.lua").read_text() + "\n" + lua.joinpath(name).read_text()
+
+
+def _no_fence() -> str:
+    return ""
 
 
 def capacity_fields(node: NodeDescription) -> dict[str, int]:
@@ -65,8 +75,14 @@ class PodClaim:
 
 
 class ClaimStore:
-    def __init__(self, redis: Redis) -> None:
+    """The claim scripts, each given every key it touches (``KEYS``), read from Redis just before the call.
+
+    ``fence`` returns the caller's placer lease token; with one, every script refuses (``FencedOut``) unless
+    the leader lease holds it. The default (no token) is unfenced: tests and tools."""
+
+    def __init__(self, redis: Redis, fence: Callable[[], str] = _no_fence) -> None:
         self.redis = redis
+        self.fence = fence
         self._claim = redis.register_script(_script("claim.lua"))
         self._commit = redis.register_script(_script("commit.lua"))
         self._release = redis.register_script(_script("release.lua"))
@@ -82,45 +98,116 @@ class ClaimStore:
             pipe.incr(keys.NODES_VERSION)
             await pipe.execute()
 
+    # ------------------------------------------------------------ the keys a call touches
+    async def _lapsed(self, until_ms: float) -> dict[str, str]:
+        """Reservation id -> key, for every reservation whose TTL lapses by ``until_ms`` (Redis clock)."""
+        ids = await self.redis.zrangebyscore(keys.RESERVATIONS, "-inf", int(until_ms))
+        return {str(r): keys.reservation(str(r)) for r in ids}
+
+    async def _touched(self, reservation_keys: list[str], claim_keys: list[str]) -> list[str]:
+        """The claim keys of these reservations, and the used keys of all those claims and of ``claim_keys``."""
+        found = list(claim_keys)
+        if reservation_keys:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for rkey in reservation_keys:
+                    pipe.hget(rkey, "claims")
+                for raw in await pipe.execute():
+                    found.extend(json.loads(raw) if raw else [])
+        out = list(found)
+        if found:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for ckey in found:
+                    pipe.hget(ckey, "items")
+                for raw in await pipe.execute():
+                    out.extend(item[1] for item in (json.loads(raw) if raw else []))
+        return out
+
+    async def _run(self, script: Any, what: str, call_keys: Callable[[], Any]) -> list[Any]:
+        """Run a script with the keys ``call_keys()`` gathers (an awaitable of (keys, request)); gather
+        them again while the script names a key it was not given (a claim changed in between)."""
+        for _ in range(KEY_RETRIES):
+            touched, request = await call_keys()
+            result = await script(keys=BASE_KEYS + sorted(set(touched)),
+                                  args=[self.fence(), json.dumps(request)])
+            code = int(result[0])
+            if code == -2:
+                raise FencedOut(f"{what}: the placer leader lease is not ours")
+            if code != -1:
+                return list(result)
+        raise RuntimeError(f"{what}: keys kept changing under the script ({result[1]})")
+
+    # ------------------------------------------------------------ the scripts
     async def claim(self, claims: list[PodClaim], reservation: str = "", ttl_ms: int = 0) -> tuple[bool, str]:
         """Claim all pods' items or none. With ``reservation`` the claims lapse after ``ttl_ms`` unless committed."""
         if reservation and ttl_ms <= 0:
             raise ValueError("a reservation needs a positive ttl_ms")
-        payload = {
-            "keys": SCRIPT_KEYS,
+        items = [
+            [[keys.capacity(i.node_id), keys.used(i.node_id), i.field, i.amount] for i in c.items] for c in claims
+        ]
+        request = {
             "resv": reservation,
+            "rkey": keys.reservation(reservation) if reservation else "",
             "ttl_ms": ttl_ms,
-            "claims": [
-                {
-                    "key": c.key,
-                    "alloc": json.dumps(c.alloc),
-                    "items": [
-                        [keys.capacity(i.node_id), keys.used(i.node_id), i.field, i.amount] for i in c.items
-                    ],
-                }
-                for c in claims
-            ],
+            "claims": [{"key": c.key, "alloc": json.dumps(c.alloc), "items": its}
+                       for c, its in zip(claims, items, strict=True)],
         }
-        ok, reason = await self._claim(args=[json.dumps(payload)])
-        return bool(ok), str(reason)
+        own = [c.key for c in claims] + [k for its in items for it in its for k in it[:2]]
+        if reservation:
+            own.append(keys.reservation(reservation))
+
+        async def call_keys() -> tuple[list[str], dict[str, Any]]:
+            lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
+            touched = own + list(lapsed.values()) + await self._touched(list(lapsed.values()), [])
+            return touched, {**request, "rkeys": lapsed}
+
+        code, reason = await self._run(self._claim, "claim", call_keys)
+        return code == 1, str(reason)
 
     async def reserve(self, claims: list[PodClaim], reservation: str, ttl_ms: int) -> tuple[bool, str]:
         return await self.claim(claims, reservation, ttl_ms)
 
     async def commit(self, reservation: str) -> bool:
         """Make the reservation's claims permanent; False when its TTL lapsed (they are gone)."""
-        ok, _ = await self._commit(args=[json.dumps({"keys": SCRIPT_KEYS, "resv": reservation})])
-        return bool(ok)
+        rkey = keys.reservation(reservation)
+
+        async def call_keys() -> tuple[list[str], dict[str, Any]]:
+            lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
+            rkeys = sorted({rkey, *lapsed.values()})
+            touched = rkeys + await self._touched(rkeys, [])
+            return touched, {"rkeys": lapsed, "resv": reservation, "rkey": rkey}
+
+        code, _ = await self._run(self._commit, "commit", call_keys)
+        return code == 1
 
     async def release(self, claim_keys: list[str], reservation: str = "") -> int:
+        """Release claims (a missing one is skipped) and, with ``reservation``, that reservation; returns how
+        many claims were released."""
         if not claim_keys and not reservation:
             return 0
-        payload = {"keys": SCRIPT_KEYS, "claims": claim_keys, "resv": reservation}
-        return int(await self._release(args=[json.dumps(payload)]))
+        rkey = keys.reservation(reservation) if reservation else ""
+        request = {"claims": claim_keys, "resv": reservation, "rkey": rkey}
+
+        async def call_keys() -> tuple[list[str], dict[str, Any]]:
+            return [k for k in (rkey,) if k] + await self._touched([], claim_keys), request
+
+        _, released = await self._run(self._release, "release", call_keys)
+        return int(released)
 
     async def expire(self) -> list[str]:
         """Release lapsed reservations; returns every reservation id that lapsed since the last call."""
-        return [str(r) for r in await self._expire(args=[json.dumps({"keys": SCRIPT_KEYS})])]
+
+        async def call_keys() -> tuple[list[str], dict[str, Any]]:
+            seconds, micros = await self.redis.time()
+            lapsed = await self._lapsed(int(seconds) * 1000 + int(micros) // 1000)
+            rkeys = list(lapsed.values())
+            return rkeys + await self._touched(rkeys, []), {"rkeys": lapsed}
+
+        _, *expired = await self._run(self._expire, "expire", call_keys)
+        return [str(r) for r in expired]
+
+    async def reservations(self) -> dict[str, float]:
+        """Reservation id -> expiry (ms, Redis clock) of every reservation held."""
+        return {str(r): float(s) for r, s in await self.redis.zrange(keys.RESERVATIONS, 0, -1, withscores=True)}
 
     async def node_raws(self) -> dict[str, str]:
         """node id -> its stored description JSON, for every registered node, in node id order."""

@@ -10,11 +10,20 @@ from redis.asyncio import Redis
 
 from tide.schemas.events import JobRecord
 from tide.store import keys
+from tide.store.claims import FencedOut
+
+
+def _no_fence() -> str:
+    return ""
 
 
 class JobStore:
-    def __init__(self, redis: Redis) -> None:
+    """Job records. ``fence`` returns the caller's placer lease token: with one, a record write (the
+    compare-and-set) raises ``FencedOut`` unless the leader lease holds it; the default is unfenced (queue)."""
+
+    def __init__(self, redis: Redis, fence: Callable[[], str] = _no_fence) -> None:
         self.redis = redis
+        self.fence = fence
         lua = resources.files("tide.store").joinpath("lua")
         self._cas = redis.register_script(lua.joinpath("cas.lua").read_text())
         self._create = redis.register_script(lua.joinpath("create_job.lua").read_text())
@@ -72,10 +81,10 @@ class JobStore:
                 continue
             record.updated_at = time.time()
             new = record.to_json()
-            if dequeue:
-                done = await self._cas(keys=[key, keys.PENDING], args=[raw, new, job_id])
-            else:
-                done = await self._cas(keys=[key], args=[raw, new])
+            done = await self._cas(keys=[key, keys.PENDING, keys.PLACER_LEADER],
+                                   args=[raw, new, job_id if dequeue else "", self.fence()])
+            if done == -2:
+                raise FencedOut(f"job {job_id}: the placer leader lease is not ours")
             if done:
                 return record, new
             raw = None  # someone else changed it meanwhile: read it again and re-apply the change

@@ -1,12 +1,28 @@
 -- Claim every slot of a set of pods in one atomic step: all or nothing.
--- ARGV[1] = JSON {"keys": {...}, "resv": <reservation id or "">, "ttl_ms": <ms, with resv>,
+-- ARGV[2] = JSON {"rkeys": {resv id: reservation key}, "resv": <reservation id or "">, "rkey": <its key>,
+--                 "ttl_ms": <ms, with resv>,
 --                 "claims": [{"key": <claim key>, "alloc": <json string>,
 --                             "items": [[cap_key, used_key, field, amount], ...]}]}
--- With a reservation the claims lapse after ttl_ms unless commit.lua runs first.
--- Returns {1, "ok"} or {0, reason}; on {0, ...} nothing was claimed.
-local req = cjson.decode(ARGV[1])
-local k = req.keys
-expire_lapsed(k)
+-- (every key named here is also in KEYS). With a reservation the claims lapse after ttl_ms unless commit.lua
+-- runs first. Returns {1, "ok"}, {0, reason} (nothing claimed), {-1, key} or {-2, "fenced"}.
+if fenced() then
+  return {-2, 'fenced'}
+end
+local req = cjson.decode(ARGV[2])
+for _, c in ipairs(req.claims) do
+  if not declared[c.key] then
+    return {-1, c.key}
+  end
+  for _, it in ipairs(c.items) do
+    if not (declared[it[1]] and declared[it[2]]) then
+      return {-1, it[1] .. ' ' .. it[2]}
+    end
+  end
+end
+if req.resv ~= '' and not declared[req.rkey] then
+  return {-1, req.rkey}
+end
+expire_lapsed(req.rkeys)
 local need = {}
 local order = {}
 for _, c in ipairs(req.claims) do
@@ -42,12 +58,12 @@ end
 local keys = {}
 for _, c in ipairs(req.claims) do
   redis.call('HSET', c.key, 'items', cjson.encode(c.items), 'alloc', c.alloc, 'resv', req.resv)
-  redis.call('SADD', k.index, c.key)
+  redis.call('SADD', INDEX, c.key)
   table.insert(keys, c.key)
 end
 if req.resv ~= '' then
   local expires = now_ms() + tonumber(req.ttl_ms)
-  redis.call('HSET', k.resv_prefix .. req.resv, 'claims', cjson.encode(keys), 'expires_ms', expires)
-  redis.call('ZADD', k.reservations, expires, req.resv)
+  redis.call('HSET', req.rkey, 'claims', cjson.encode(keys), 'expires_ms', expires)
+  redis.call('ZADD', RESERVATIONS, expires, req.resv)
 end
 return {1, 'ok'}

@@ -1,15 +1,52 @@
 -- Shared by every claim script (prepended by tide/store/claims.py).
--- KEY NAMES come in ARGV[1] (JSON "keys"), so tide/store/keys.py stays their only definition.
+-- Every key a script touches comes in KEYS (Redis Cluster: all of them carry the {tide} hash tag):
+--   KEYS[1] claims index, KEYS[2] reservations zset, KEYS[3] expired-reservations list, KEYS[4] placer leader
+--   lease; the rest are the claim, capacity, used and reservation keys this call may touch, which the client
+--   read before the call (tide.store.claims). A key the script finds it needs but was not given is never
+--   touched: a lapsed reservation is then left for a later call, anything else answers {-1, key} (the client
+--   reads again and retries).
+-- ARGV[1] = the placer's lease token ('' = not fenced), ARGV[2] = the JSON request.
+-- With a token, the script refuses ({-2, 'fenced'}) unless the leader lease holds exactly that token, so a
+-- placer that lost its lease (paused, partitioned) writes nothing after another one took over.
+local INDEX, RESERVATIONS, EXPIRED, LEADER = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local declared = {}
+for _, key in ipairs(KEYS) do
+  declared[key] = true
+end
+
+local function fenced()
+  return ARGV[1] ~= '' and redis.call('GET', LEADER) ~= ARGV[1]
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function release_claim(index, key)
+-- The keys releasing a claim touches: its used keys (from its stored items). nil when the claim or one of
+-- them was not declared; {} for a claim that does not exist.
+local function claim_keys_declared(key)
+  if not declared[key] then
+    return nil
+  end
   local raw = redis.call('HGET', key, 'items')
+  if not raw then
+    return {}
+  end
+  local items = cjson.decode(raw)
+  for _, it in ipairs(items) do
+    if not declared[it[2]] then
+      return nil
+    end
+  end
+  return items
+end
+
+-- Release one claim whose keys were checked by claim_keys_declared (items: what it returned).
+local function release_items(key, items)
   local released = 0
-  if raw then
-    for _, it in ipairs(cjson.decode(raw)) do
+  if redis.call('EXISTS', key) == 1 then
+    for _, it in ipairs(items) do
       local amount = tonumber(it[4])
       if amount ~= 0 then
         local left = redis.call('HINCRBY', it[2], it[3], -amount)
@@ -21,24 +58,43 @@ local function release_claim(index, key)
     redis.call('DEL', key)
     released = 1
   end
-  redis.call('SREM', index, key)
+  redis.call('SREM', INDEX, key)
   return released
 end
 
--- Release every reservation whose TTL has lapsed; note each in the expired list for the reconciler.
-local function expire_lapsed(k)
-  local lapsed = redis.call('ZRANGEBYSCORE', k.reservations, '-inf', now_ms())
-  for _, resv in ipairs(lapsed) do
-    local rkey = k.resv_prefix .. resv
-    local raw = redis.call('HGET', rkey, 'claims')
-    if raw then
-      for _, ckey in ipairs(cjson.decode(raw)) do
-        release_claim(k.index, ckey)
-      end
-    end
-    redis.call('DEL', rkey)
-    redis.call('ZREM', k.reservations, resv)
-    redis.call('RPUSH', k.expired, resv)
+-- A reservation's claim keys with their items, or nil when any key it touches was not declared.
+local function reservation_declared(rkey)
+  if not declared[rkey] then
+    return nil
   end
-  return lapsed
+  local raw = redis.call('HGET', rkey, 'claims')
+  local out = {}
+  if raw then
+    for _, ckey in ipairs(cjson.decode(raw)) do
+      local items = claim_keys_declared(ckey)
+      if items == nil then
+        return nil
+      end
+      table.insert(out, {ckey, items})
+    end
+  end
+  return out
+end
+
+-- Release every lapsed reservation whose keys were declared; note each in the expired list for the
+-- reconciler. ``rkeys``: reservation id -> its hash key, as the client named them.
+local function expire_lapsed(rkeys)
+  local lapsed = redis.call('ZRANGEBYSCORE', RESERVATIONS, '-inf', now_ms())
+  for _, resv in ipairs(lapsed) do
+    local rkey = rkeys[resv]
+    local claims = rkey and reservation_declared(rkey)
+    if claims then
+      for _, c in ipairs(claims) do
+        release_items(c[1], c[2])
+      end
+      redis.call('DEL', rkey)
+      redis.call('ZREM', RESERVATIONS, resv)
+      redis.call('RPUSH', EXPIRED, resv)
+    end
+  end
 end

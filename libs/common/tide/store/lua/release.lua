@@ -1,14 +1,27 @@
 -- Release claims (idempotent: a missing claim is skipped), and optionally a whole reservation.
--- ARGV[1] = JSON {"keys": {...}, "claims": [claim keys], "resv": <reservation id or "">}
--- Returns the number of claims released.
-local req = cjson.decode(ARGV[1])
-local k = req.keys
-local released = 0
+-- ARGV[2] = JSON {"claims": [claim keys], "resv": <reservation id or "">, "rkey": <its key or "">}
+-- Returns {1, number of claims released}, {-1, key} (nothing released) or {-2, "fenced"}.
+if fenced() then
+  return {-2, 'fenced'}
+end
+local req = cjson.decode(ARGV[2])
+local checked = {}
 for _, key in ipairs(req.claims) do
-  released = released + release_claim(k.index, key)
+  local items = claim_keys_declared(key)
+  if items == nil then
+    return {-1, key}
+  end
+  table.insert(checked, {key, items})
+end
+if req.resv ~= '' and not declared[req.rkey] then
+  return {-1, req.rkey}
+end
+local released = 0
+for _, c in ipairs(checked) do
+  released = released + release_items(c[1], c[2])
 end
 if req.resv ~= '' then
-  redis.call('DEL', k.resv_prefix .. req.resv)
-  redis.call('ZREM', k.reservations, req.resv)
+  redis.call('DEL', req.rkey)
+  redis.call('ZREM', RESERVATIONS, req.resv)
 end
-return released
+return {1, released}
