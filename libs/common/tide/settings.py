@@ -95,7 +95,7 @@ class Settings(BaseSettings):
         if self.node_lease_s < 2 * self.heartbeat_s:
             raise ValueError(f"TIDE_NODE_LEASE_S ({self.node_lease_s:g}) must be at least twice TIDE_HEARTBEAT_S "
                              f"({self.heartbeat_s:g}): the node lease is renewed on each heartbeat")
-        if self.placer_lease_ttl_s < 3 * self.placer_lease_renew_s:
+        if self.placer_lease_ttl_s < 3 * self.placer_lease_renew_s - 1e-9:
             raise ValueError(f"TIDE_PLACER_LEASE_TTL_S ({self.placer_lease_ttl_s:g}) must be at least three times "
                              f"TIDE_PLACER_LEASE_RENEW_S ({self.placer_lease_renew_s:g}): a leader that misses one "
                              "renewal keeps its lease")

@@ -62,7 +62,7 @@ def new_token(holder: str) -> str:
 
 class LeaderLease:
     def __init__(self, redis: Redis, key: str, holder: str, ttl_s: float, renew_s: float) -> None:
-        if ttl_s < 3 * renew_s:
+        if ttl_s < 3 * renew_s - 1e-9:
             raise ValueError(f"lease TTL {ttl_s:g} s must be at least 3 x the renewal period {renew_s:g} s")
         self.redis = redis
         self.key = key
