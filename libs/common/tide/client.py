@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.js.api import DeliverPolicy
 
 from tide import subjects
 from tide.bus.nats import connect, nats_servers
@@ -40,6 +41,14 @@ class ServiceUnavailable(Exception):
         who = "NATS" if service == "nats" else f"the {service} service"
         super().__init__(f"{who} is not answering at {url} (is 'tide up' running?){detail}")
         self.service = service
+
+
+class NodeNotAnswering(Exception):
+    """A node agent does not answer (its node is gone, or the agent is down)."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"node {node_id} is not answering (its agent is down or the node is gone)")
+        self.node_id = node_id
 
 
 # which service answers which request subject
@@ -242,6 +251,39 @@ class TideClient:
         except Exception:
             return {"families": [], "history": []}
         return json.loads(reply.data)
+
+    async def node_logs(self, node_id: str, request: dict[str, Any], timeout_s: float = 3.0) -> dict[str, Any]:
+        """Ask a node agent for pod logs (tide_node_agent/logs.py has the request and reply); NodeNotAnswering
+        when it does not answer."""
+        try:
+            reply = await self.nc.request(subjects.node_logs(node_id), json.dumps(request).encode(),
+                                          timeout=timeout_s)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError) as exc:
+            raise NodeNotAnswering(node_id) from exc
+        body: dict[str, Any] = json.loads(reply.data)
+        return body
+
+    async def job_history(self, job_id: str, idle_s: float = 1.0) -> list[JobEvent]:
+        """Every event of the job kept in the EVENTS stream, oldest first (an ordered consumer of
+        ``tide.events.job.<id>.>``, read until nothing is pending)."""
+        sub = await self.js.subscribe(subjects.job_events(job_id), stream="EVENTS", ordered_consumer=True,
+                                      deliver_policy=DeliverPolicy.ALL)
+        found: list[JobEvent] = []
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=idle_s)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    break
+                try:
+                    found.append(JobEvent.model_validate_json(msg.data))
+                except ValueError:
+                    pass
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return found
 
     async def events(self) -> AsyncIterator[JobEvent]:
         sub = await self.nc.subscribe(subjects.JOB_EVENTS_ALL)

@@ -20,9 +20,15 @@ from typing import Any
 import nats.errors
 import yaml
 
-from tide.client import ServiceUnavailable, TideClient, summarize
+from tide.cli import describe as describing
+from tide.cli import logs as pod_logs
+from tide.cli.completion import completion_script
+from tide.cli.inline import InlineError, describe_error, first_error, inline_spec
+from tide.cli.output import FORMATS, dump, filter_jobs, job_row, jobs_table, nodes_wide, table
+from tide.client import NodeNotAnswering, ServiceUnavailable, TideClient, summarize
 from tide.log import configure_logging
 from tide.schemas.events import TERMINAL_STATES
+from tide.schemas.job import job_spec_json_schema
 from tide.settings import Settings
 from tide.stack.launcher import Stack, StackInfo, cluster_nodes, default_home, down, pid_alive, stack_running
 from tide.stack.servers import StackError
@@ -39,6 +45,10 @@ EXIT_CODES = """exit codes:
 
 class BadInput(Exception):
     pass
+
+
+class Rejected(BadInput):
+    """A spec built from flags that does not validate: printed as the queue's rejections are."""
 
 
 def client_settings(home: Path) -> Settings:
@@ -220,8 +230,35 @@ async def _with_client(args: argparse.Namespace, fn: Any) -> int:
         await client.close()
 
 
+def submitted_spec(args: argparse.Namespace) -> Any:
+    """The spec from FILE, or built from the flags and the command after `--` (validated here first)."""
+    command = args.wrapped
+    inline_flags = [f for f in INLINE_FLAGS if getattr(args, f) not in (None, [])]
+    if args.file is not None:
+        if command is not None or inline_flags:
+            used = "`-- COMMAND`" if command is not None else f"--{inline_flags[0].replace('_', '-')}"
+            raise BadInput(f"submit takes a spec FILE or flags with `-- COMMAND`, not both ({used} given with "
+                           f"{args.file})")
+        return load_spec(args.file)
+    if command is None:
+        raise BadInput("submit needs a spec FILE, or flags and a command after `--` "
+                       "(e.g. tide submit --gpus 1 -- python train.py)")
+    try:
+        spec = inline_spec(args, command)
+    except InlineError as exc:
+        raise BadInput(str(exc)) from exc
+    error = first_error(spec)
+    if error is not None:
+        raise Rejected(describe_error(*error))
+    return spec
+
+
+INLINE_FLAGS = ("gpus", "replicas", "min_member", "queue", "priority", "share_mem", "share_sm", "mig", "name",
+                "gpu_model", "cpu", "memory", "image", "env", "selector")
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
-    spec = load_spec(args.file)
+    spec = submitted_spec(args)
 
     async def go(client: TideClient) -> int:
         res = await client.submit(spec, job_id=args.job_id)
@@ -254,8 +291,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             if job.get("family"):
                 found = (await client.weights(job["family"], limit=1))["families"]
                 job["feedback"] = found[0] if found else None
-            if args.json:
-                print(json.dumps(job))
+            fmt = output_format(args)
+            if fmt in ("json", "yaml"):
+                print(dump(job, fmt))
             else:
                 print(f"{job['job_id']}  {job['state']}  {job['reason']}")
                 for p in job["pods"]:
@@ -266,20 +304,23 @@ def cmd_status(args: argparse.Namespace) -> int:
                           f"{fb['affinity']:g}){' prefers one node' if fb['affinity'] >= 1 else ''}: {fb['evidence']}")
             return EXIT_OK
         body = await client.status(limit=args.limit)
-        jobs = [summarize(r) for r in body.get("jobs", [])]
-        if args.json:
-            print(json.dumps(jobs))
-        else:
-            print(f"{'JOB':<36} {'STATE':<14} {'QUEUE':<16} REASON")
-            for j in jobs:
-                print(f"{j['job_id']:<36} {j['state']:<14} {j['queue']:<16} {j['reason']}")
-            families = (await client.weights())["families"]
-            if families:
-                print(f"\nFeedback\n{'FAMILY':<24} {'MEMORY x':>8} {'AFFINITY':>8} {'CLEAN':>5}  LAST CHANGE")
-                for f in families:
-                    near = " (prefers one node)" if f["affinity"] >= 1 else ""
-                    print(f"{f['family']:<24} {f['memory_multiplier']:>8g} {f['affinity']:>8g} {f['clean_runs']:>5}  "
-                          f"{f['evidence']}{near}")
+        now = time.time()
+        rows = filter_jobs([job_row(r, summarize(r), now) for r in body.get("jobs", [])],
+                           split_csv(args.state), split_csv(args.queue))
+        fmt = output_format(args)
+        if fmt in ("json", "yaml"):
+            print(dump(rows, fmt))
+            return EXIT_OK
+        print(jobs_table(rows, wide=fmt == "wide"))
+        if args.state or args.queue:
+            return EXIT_OK
+        families = (await client.weights())["families"]
+        if families:
+            print(f"\nFeedback\n{'FAMILY':<24} {'MEMORY x':>8} {'AFFINITY':>8} {'CLEAN':>5}  LAST CHANGE")
+            for f in families:
+                near = " (prefers one node)" if f["affinity"] >= 1 else ""
+                print(f"{f['family']:<24} {f['memory_multiplier']:>8g} {f['affinity']:>8g} {f['clean_runs']:>5}  "
+                      f"{f['evidence']}{near}")
         return EXIT_OK
 
     return asyncio.run(_with_client(args, go))
@@ -308,8 +349,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_nodes(args: argparse.Namespace) -> int:
     async def go(client: TideClient) -> int:
         nodes = await client.nodes()
-        if args.json:
-            print(json.dumps(nodes))
+        fmt = output_format(args)
+        if fmt in ("json", "yaml"):
+            print(dump(nodes, fmt))
+            return EXIT_OK
+        if fmt == "wide":
+            print(nodes_wide(nodes))
             return EXIT_OK
         print(f"{'NODE':<20} {'POOL':<10} {'RACK':<8} {'GPUS':<6} {'USED':<6} {'MODELS':<20} {'LOST':<5} SEEN")
         for n in nodes:
@@ -334,8 +379,16 @@ def cmd_queues(args: argparse.Namespace) -> int:
             print(f"applied: {', '.join(result['queues'])}")
             return EXIT_OK
         queues = await client.queues()
-        if args.json:
-            print(json.dumps(queues))
+        fmt = output_format(args)
+        if fmt in ("json", "yaml"):
+            print(dump(queues, fmt))
+            return EXIT_OK
+        if fmt == "wide":
+            print(table(["QUEUE", "WEIGHT", "GUARANTEE", "LIMIT", "GPUS IN USE", "PENDING", "UNSCHEDULABLE",
+                         "PREEMPTED", "RUNNING", "DONE", "FAILED"],
+                        [[name, f"{c['weight']:g}", _resources(c["guarantee"]), _resources(c["limit"]),
+                          f"{c['gpus_in_use']:g}", c["pending"], c["unschedulable"], c["preempted"], c["running"],
+                          c["succeeded"], c["failed"]] for name, c in sorted(queues.items())]))
             return EXIT_OK
         print(f"{'QUEUE':<24} {'WEIGHT':>6} {'GUAR.GPU':>8} {'LIMIT.GPU':>9} {'IN USE':>7} {'PENDING':>8} "
               f"{'RUNNING':>8} {'DONE':>6} {'FAILED':>6}")
@@ -346,6 +399,73 @@ def cmd_queues(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return asyncio.run(_with_client(args, go))
+
+
+def _resources(amounts: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}" for k, v in amounts.items()) or "-"
+
+
+def split_csv(values: list[str] | None) -> list[str]:
+    return [v for item in values or [] for v in item.split(",") if v]
+
+
+def output_format(args: argparse.Namespace) -> str:
+    return "json" if getattr(args, "json", False) else (getattr(args, "output", None) or "table")
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    async def go(client: TideClient) -> int:
+        try:
+            return await pod_logs.run(client, args.job, args.pod, args.follow, args.attempt, args.tail)
+        except (pod_logs.LogsError, NodeNotAnswering) as exc:
+            sys.stdout.flush()
+            print(f"tide: {exc}", file=sys.stderr)
+            return EXIT_FAIL
+
+    try:
+        return asyncio.run(_with_client(args, go))
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    async def go(client: TideClient) -> int:
+        body = await client.status(args.job)
+        if body.get("jobs"):
+            record = body["jobs"][0]
+        elif body.get("rejected"):
+            r = body["rejected"]
+            record = {"job_id": args.job, "state": "rejected", "reason": f"{r['field']}: {r['reason']}", "pods": []}
+        else:
+            print(f"no job {args.job!r}", file=sys.stderr)
+            return EXIT_FAIL
+        events = await client.job_history(args.job)
+        links: dict[str, str] = {}
+        for key, other in describing.related_ids(args.job).items():
+            if await client.job(other) is not None:
+                links[key] = other
+        rows = describing.timeline(events, record, links)
+        code = describing.reason_code("", record["state"], record.get("reason", ""))
+        fmt = args.output or "table"
+        if fmt in ("json", "yaml"):
+            print(dump({"job": record, "code": code, "links": links,
+                        "events": [{"ts": r.ts, "code": r.code, "text": r.text} for r in rows]}, fmt))
+        else:
+            spec = yaml.safe_dump(record["spec"], sort_keys=False) if "spec" in record else ""
+            print(describing.render(record, rows, links, spec))
+        return EXIT_OK
+
+    return asyncio.run(_with_client(args, go))
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    print(completion_script(build_parser(), args.shell))
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(job_spec_json_schema(), indent=2))
+    return EXIT_OK
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -369,6 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--home", type=Path, default=default_home(), help="stack state dir (default $TIDE_HOME or ~/.tide)"
     )
+    parser.add_argument("--version", action="version", version=f"tide {tide_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run NATS, Redis, the services and simulated node agents")
@@ -391,20 +512,61 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--json", action="store_true")
     h.set_defaults(fn=cmd_health)
 
-    s = sub.add_parser("submit", help="submit a job spec (YAML or JSON; - for stdin)")
-    s.add_argument("file")
+    s = sub.add_parser(
+        "submit", help="submit a job spec (YAML or JSON; - for stdin), or a command: [flags] -- COMMAND...",
+        usage="tide submit FILE [--wait] [--json] [--job-id ID]\n"
+              "       tide submit [--gpus N] [--replicas N] [--queue Q] [--priority CLASS] [--share-mem 10Gi "
+              "--share-sm 30] [--mig 1g.10gb] [--name N] [--wait] -- COMMAND [ARGS...]",
+        description="Submit a job: a spec file, or (like `sbatch --wrap` / `kubectl run`) a command after `--` "
+                    "with its resources as flags. Both build the same validated spec (docs/jobspec.md).")
+    s.add_argument("file", nargs="?", help="the job spec (YAML, or JSON when it ends in .json; - for stdin)")
     s.add_argument("--wait", action="store_true", help="wait until the job ends")
     s.add_argument("--json", action="store_true")
     s.add_argument("--job-id", help="choose the job id (default: name + random suffix)")
     s.add_argument("--timeout", type=float, default=3600)
-    s.set_defaults(fn=cmd_submit)
+    inline = s.add_argument_group("a command instead of a FILE (after `--`)")
+    inline.add_argument("--gpus", type=int, help="whole GPUs per pod")
+    inline.add_argument("--replicas", type=int, help="pods (default 1)")
+    inline.add_argument("--min-member", type=int, help="gang size (default: replicas)")
+    inline.add_argument("--queue", help="queue path (default: default)")
+    inline.add_argument("--priority", help="priority class: online-serving, offline-training, best-effort")
+    inline.add_argument("--share-mem", help="a GPU share: its GPU memory (10Gi, 512Mi; a plain number is MiB)")
+    inline.add_argument("--share-sm", type=int, help="a GPU share: percent of the GPU's SMs (default 100)")
+    inline.add_argument("--mig", help="a MIG instance, e.g. 1g.10gb")
+    inline.add_argument("--gpu-model", action="append", help="allowed GPU models (repeat or comma-separate)")
+    inline.add_argument("--cpu", help="CPU per pod, Kubernetes quantity (16, 500m)")
+    inline.add_argument("--memory", help="memory per pod, Kubernetes quantity (64Gi)")
+    inline.add_argument("--image", help="container image (agents with a container runtime)")
+    inline.add_argument("--env", action="append", metavar="KEY=VALUE", help="environment variable (repeat)")
+    inline.add_argument("--selector", action="append", metavar="LABEL=VALUE", help="node selector (repeat)")
+    inline.add_argument("--name", help="job name (default: from the command)")
+    s.set_defaults(fn=cmd_submit, wrapped=None)
 
     st = sub.add_parser("status", help="a job's state and pods, or recent jobs")
     st.add_argument("job", nargs="?")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="as -o json")
+    add_output(st)
+    st.add_argument("--state", action="append", help="only jobs in these states (repeat or comma-separate)")
+    st.add_argument("--queue", action="append", help="only jobs of these queues and their sub-queues")
     st.add_argument("--limit", type=int, default=50)
     st.add_argument("--services", action="store_true", help="the stack's processes instead (as `tide health`)")
     st.set_defaults(fn=cmd_status)
+
+    lg = sub.add_parser("logs", help="a job's pod output (stdout and stderr), from the node agents",
+                        description="Print the output of a job's pods: each pod's latest attempt, or POD / "
+                                    "--attempt N. Finished pods too. With several pods each line starts with "
+                                    "[pod]. -f follows until the pods end.")
+    lg.add_argument("job")
+    lg.add_argument("pod", nargs="?", help="one pod (name, or name.aN for attempt N)")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the pods end")
+    lg.add_argument("--attempt", type=int, help="the placement attempt (default: each pod's latest)")
+    lg.add_argument("--tail", type=int, help="only the last N lines (then, with -f, everything new)")
+    lg.set_defaults(fn=cmd_logs)
+
+    d = sub.add_parser("describe", help="a job's spec, state and every event of its life, with reason codes")
+    d.add_argument("job")
+    d.add_argument("-o", "--output", choices=("table", "json", "yaml"), default=None)
+    d.set_defaults(fn=cmd_describe)
 
     c = sub.add_parser("cancel", help="cancel a job (stops its pods); a finished job: nothing to cancel, exit 0",
                        description="Cancel a job. A job that has already finished (succeeded, failed, cancelled, "
@@ -415,15 +577,24 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_cancel)
 
     n = sub.add_parser("nodes", help="nodes and their allocation")
-    n.add_argument("--json", action="store_true")
+    n.add_argument("--json", action="store_true", help="as -o json")
+    add_output(n)
     n.set_defaults(fn=cmd_nodes)
 
     q = sub.add_parser("queues", help="queues: quotas, usage, jobs per state; --apply FILE replaces the tree")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="as -o json")
+    add_output(q)
     q.add_argument("--apply", metavar="FILE", help="YAML/JSON queue tree to apply at run time")
     q.set_defaults(fn=cmd_queues)
 
     sub.add_parser("watch", help="live job events").set_defaults(fn=cmd_watch)
+
+    comp = sub.add_parser("completion", help="shell completion script: eval \"$(tide completion bash)\"")
+    comp.add_argument("shell", choices=("bash", "zsh"))
+    comp.set_defaults(fn=cmd_completion)
+
+    sub.add_parser("schema", help="the job spec's JSON Schema (docs/jobspec.schema.json)").set_defaults(
+        fn=cmd_schema)
 
     try:
         from tide.cli.sim import add_sim_parser
@@ -434,12 +605,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", choices=FORMATS, default=None, help="table (default), wide, json, yaml")
+
+
+def tide_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tide-scheduler")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def split_wrapped(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`tide ... submit [flags] -- COMMAND...`: the arguments before `--`, and the command (None without one)."""
+    if "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    if "submit" not in argv[:cut]:
+        return argv, None
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv, wrapped = split_wrapped(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
+    if wrapped is not None:
+        args.wrapped = wrapped
     configure_logging("cli", fmt="console", level=os.environ.get("TIDE_LOG_LEVEL", "warning"))
     try:
         handler = args.fn if hasattr(args, "fn") else args.handler  # `tide sim` registers `handler`
         return int(handler(args))
+    except Rejected as exc:
+        print(f"rejected: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except BadInput as exc:
         print(f"tide: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
