@@ -108,21 +108,20 @@ def event_text(e: JobEvent) -> str:
     """One line of human text for an event."""
     where = " ".join(x for x in (f"pod {e.pod}" if e.pod else "", f"on {e.node}" if e.node else "") if x)
     if e.kind == "pod-exited":
-        code = f" exit code {e.exit_code}" if e.exit_code is not None else ""
+        code = f" (exit code {e.exit_code})" if e.exit_code is not None else ""
         return f"{where}: {e.reason}{code}".strip()
     if e.kind == "queued":
         text = f"queued in {e.queue or 'default'} ({e.priority_class or '-'})"
         return f"{text}: {e.reason}" if e.reason else text
     if e.kind == "placed" and e.wait_s is not None:
         return f"reserved after waiting {e.wait_s:.1f}s"
-    parts = [p for p in (where, e.reason) if p]
-    return ": ".join(parts) if parts else e.kind
+    return ": ".join(p for p in (where, e.reason) if p)
 
 
 def timeline(events: list[JobEvent], record: dict[str, Any] | None, links: dict[str, str]) -> list[Row]:
     """The job's life: its events (with codes), the nomination the record holds (not an event), and the
     resubmissions linked to it."""
-    rows = [Row(e.ts, reason_code(e.kind, e.state.value, e.reason), f"{e.kind}: {event_text(e)}")
+    rows = [Row(e.ts, reason_code(e.kind, e.state.value, e.reason), ": ".join(t for t in (e.kind, event_text(e)) if t))
             for e in events]
     last = max((r.ts for r in rows), default=0.0)
     if record and record.get("nominated_at") and record.get("state") == "pending":
@@ -135,6 +134,16 @@ def timeline(events: list[JobEvent], record: dict[str, Any] | None, links: dict[
         rows.append(Row(last, "Resubmitted", f"resubmitted as {links['resubmitted_as']}"))
     rows.sort(key=lambda r: r.ts)  # stable: the resubmission stays after the failure it follows
     return rows
+
+
+def compact(value: Any) -> Any:
+    """The spec without its unset (null) and empty fields, as a user would have written it."""
+    if isinstance(value, dict):
+        kept = {k: compact(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not None and v != {} and v != []}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    return value
 
 
 def fmt_ts(ts: float) -> str:

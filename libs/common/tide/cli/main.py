@@ -451,7 +451,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
             print(dump({"job": record, "code": code, "links": links,
                         "events": [{"ts": r.ts, "code": r.code, "text": r.text} for r in rows]}, fmt))
         else:
-            spec = yaml.safe_dump(record["spec"], sort_keys=False) if "spec" in record else ""
+            spec = yaml.safe_dump(describing.compact(record["spec"]), sort_keys=False) if "spec" in record else ""
             print(describing.render(record, rows, links, spec))
         return EXIT_OK
 

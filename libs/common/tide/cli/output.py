@@ -91,7 +91,7 @@ def nodes_wide(nodes: list[dict[str, Any]]) -> str:
     headers = ["NODE", "POOL", "RACK", "GPUS", "USED", "MODELS", "CPU", "CPU USED", "LABELS", "LOST", "SEEN"]
     rows = []
     for n in nodes:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(n["labels"].items())) or "-"
+        labels = ",".join(f"{k}={v}" for k, v in sorted(n["labels"].items()) if not k.startswith("tide.")) or "-"
         seen = f"{n['last_seen_s']}s ago" if n["last_seen_s"] is not None else "-"
         rows.append([n["node_id"], n["labels"].get("pool", "-"), n["rack"], n["gpus"],
                      f"{n['gpus_used_milli'] / 1000:.2f}", ",".join(n["gpu_models"]), f"{n['cpu_milli']}m",
