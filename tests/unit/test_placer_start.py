@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from tide.schemas.events import JobRecord, JobState, PodRecord, PodState
+from tide.schemas.job import JobSpec
 from tide.settings import Settings
-from tide_placer.service import PlacerService
+from tide.store.claims import FencedOut
+from tide_placer.service import PlacerService, adoptable, committed
 
 
 async def test_a_start_that_raises_rolls_the_attempt_back() -> None:
@@ -33,3 +36,42 @@ async def test_a_rollback_that_also_fails_is_left_to_the_lapse_sweep() -> None:
     svc._start, svc._rollback = fail, fail  # type: ignore[method-assign]
     reserved = SimpleNamespace(record=SimpleNamespace(job_id="j1"), resv="j1:1", attempt=1)
     await svc._start_or_roll_back(reserved)  # type: ignore[arg-type]  # must not raise into the event loop
+
+
+async def test_a_fenced_start_steps_down_and_leaves_the_attempt_to_the_leader() -> None:
+    svc = PlacerService(Settings())
+    calls: list[str] = []
+
+    async def fenced(reserved: object) -> None:
+        raise FencedOut("commit: the placer leader lease is not ours")
+
+    async def rollback(*args: object, **kwargs: object) -> None:
+        calls.append("rollback")
+
+    async def step_down(why: str) -> None:
+        calls.append(f"step down: {why}")
+
+    svc._start, svc._rollback, svc._step_down = fenced, rollback, step_down  # type: ignore[method-assign]
+    svc._own_resv.add("j1:2")
+    reserved = SimpleNamespace(record=SimpleNamespace(job_id="j1"), resv="j1:2", attempt=2)
+    await svc._start_or_roll_back(reserved)  # type: ignore[arg-type]
+    assert calls == ["step down: commit: the placer leader lease is not ours"]
+    assert svc._own_resv == set()
+
+
+def _record(state: JobState, pod_states: list[PodState], reservation: str | None = "j:2") -> JobRecord:
+    spec = JobSpec.model_validate({"metadata": {"name": "j"},
+                                   "spec": {"replicas": len(pod_states), "template": {"command": ["x"]}}})
+    pods = [PodRecord(name=f"j-{i}", index=i, node="n1", state=s, attempt=2) for i, s in enumerate(pod_states)]
+    return JobRecord(job_id="j", spec=spec, submitted_at=0, updated_at=0, state=state, attempts=2,
+                     reservation=reservation, pods=pods)
+
+
+def test_a_reservation_left_by_another_placer_is_adopted_only_when_all_its_pods_run() -> None:
+    assert adoptable(_record(JobState.RUNNING, [PodState.RUNNING, PodState.RUNNING]), "j:2", 2)
+    assert not adoptable(_record(JobState.PENDING, [PodState.RUNNING, PodState.STARTING]), "j:2", 2)
+    assert not adoptable(_record(JobState.RUNNING, [PodState.RUNNING]), "j:1", 1)  # not the record's reservation
+    assert not adoptable(_record(JobState.RUNNING, [PodState.RUNNING], reservation=None), "j:2", 2)
+    rec = _record(JobState.RUNNING, [PodState.RUNNING])
+    assert committed(rec, "j:2") and rec.reservation is None
+    assert not committed(rec, "j:2")

@@ -13,6 +13,7 @@ A cycle (on a kick, a pod exit, a registration, or every tick) does, in order:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable, Coroutine
@@ -126,6 +127,10 @@ class PlacerService:
         self._deaf = False
         self._extra_stop_sent: dict[str, float] = {}  # '<job>/<pod>' -> when a pod-level stop was last sent
         self._extras_wanted = True  # a running elastic job misses extras: plan even with nothing pending
+        self._leading = asyncio.Event()  # set while this placer holds the leader lease
+        self._not_leading = asyncio.Event()
+        self._not_leading.set()
+        self._own_resv: set[str] = set()  # reservations this placer is starting (others': adopt or let lapse)
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
 
@@ -141,10 +146,6 @@ class PlacerService:
         self.jobs = JobStore(self.redis, fence=lambda: self.lease.token)
         self.claims = ClaimStore(self.redis, fence=lambda: self.lease.token)
         self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)
-        self._leading = asyncio.Event()  # set while this placer holds the lease
-        self._not_leading = asyncio.Event()
-        self._not_leading.set()
-        self._own_resv: set[str] = set()  # reservations this placer is starting (others': adopt or let lapse)
         await self._load_node_leases()
         await self.nc.subscribe(subjects.PLACER_KICK, cb=self._on_kick)
         await self.nc.subscribe(subjects.API_NODES, cb=self._api_nodes)
@@ -178,15 +179,15 @@ class PlacerService:
 
     async def _lease_step(self) -> None:
         """Renew or try to take the lease, then act on a change of leadership."""
-        was = self._leading.is_set()
         try:
             await self.lease.step()
         except Exception as exc:  # noqa: BLE001 - Redis away: the lease's own deadline decides
             log.warning("placer_lease_error", error=repr(exc), token=self.lease.state.token)
-        await self._leadership_changed(was, self.lease.leading(), "lease lapsed or taken by another placer")
+        await self._leadership_changed(self.lease.leading(), "lease lapsed or taken by another placer")
 
-    async def _leadership_changed(self, was: bool, now: bool, why: str) -> None:
-        change = transition(was, now)
+    async def _leadership_changed(self, now: bool, why: str) -> None:
+        """Act on what the lease says now against what this placer last acted on (one log line per change)."""
+        change = transition(self._leading.is_set(), now)
         if change == "acquired":
             log.info("placer_leader_acquired", token=self.lease.state.token)
             await self._load_node_leases()  # what the previous leader registered meanwhile
@@ -202,9 +203,8 @@ class PlacerService:
 
     async def _step_down(self, why: str) -> None:
         """A fenced script refused: another placer holds the lease; stop acting at once."""
-        was = self._leading.is_set()
         self.lease.drop()
-        await self._leadership_changed(was, False, why)
+        await self._leadership_changed(False, why)
 
     async def _lease_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -292,7 +292,7 @@ class PlacerService:
                 continue
             if not await self.claims.commit(resv):
                 continue  # lapsed meanwhile: the next reconcile rolls it back
-            await self._update(job_id, lambda r, resv=resv: committed(r, resv))  # type: ignore[misc]
+            await self._update(job_id, functools.partial(committed, resv=resv))
             log.info("reservation_adopted", job_id=job_id, reservation=resv)
 
     async def queue_config(self) -> tuple[QueueTree, list[TideRule]]:
@@ -670,6 +670,7 @@ class PlacerService:
 
         A start carries its deadline: an agent that gets it after the placer stopped waiting (a stalled
         agent, a slow network) refuses it, since the attempt is being rolled back."""
+        self._must_lead(command)
         if isinstance(command, StartPod):
             command = command.model_copy(update={"expires_at": time.time() + self.settings.start_ack_timeout_s})
         try:
@@ -681,8 +682,14 @@ class PlacerService:
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             return f"no acknowledgement ({type(exc).__name__})"
 
+    def _must_lead(self, command: StartPod | StopPod) -> None:
+        """Only the leader commands agents: a placer that lost its lease (it was paused, cut off) sends nothing."""
+        if not self.leading():
+            raise NotLeading(f"not leading: {type(command).__name__} for job {command.job_id} not sent")
+
     async def _tell(self, node_id: str, command: StopPod) -> None:
         """Send a command without waiting for an answer (to an agent that may be stalled or gone)."""
+        self._must_lead(command)
         try:
             await self.nc.publish(subjects.node_cmd(node_id), command.to_bytes())
         except Exception as exc:  # noqa: BLE001 - best effort: the heartbeat fencing catches what this misses
@@ -1063,11 +1070,12 @@ class PlacerService:
                 "lost": n.node_id in lost,
                 "last_seen_s": round(now - self.last_seen[n.node_id], 1) if n.node_id in self.last_seen else None,
             })
-        await msg.respond(json.dumps({"nodes": out}).encode())
+        leader = await self.lease.holder_now()  # the active placer's token (also in Redis: keys.PLACER_LEADER)
+        await msg.respond(json.dumps({"nodes": out, "placer_leader": leader}).encode())
 
 
-class NotLeading(Exception):
-    """This placer does not hold the leader lease."""
+class NotLeading(FencedOut):
+    """This placer does not hold the leader lease (by its own deadline): it acts as if fenced."""
 
 
 async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
