@@ -75,7 +75,7 @@ async def test_redis_killed(make_stack, tmp_path: Path) -> None:
     assert_invariants(report)
 
 
-@pytest.mark.xfail(strict=False, reason="intermittent (about 1 run in 2 here): hits the bug that "
+@pytest.mark.xfail(strict=False, reason="intermittent (7 of 10 runs here): hits the bug that "
                    "test_gangs_completing_while_nats_is_down_are_not_run_again reproduces (a gang whose pods complete "
                    "during the outage runs again), or, when the outage outlasts an agent's lease, the one "
                    "test_nats_down_past_the_agents_lease reproduces (a job lost)")
