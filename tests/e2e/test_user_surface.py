@@ -183,6 +183,32 @@ def test_a_spec_with_kubernetes_resource_names_runs(two_pools: Stack, tmp_path: 
     assert bad.returncode == 2 and "memory: '64 gigs' is not a quantity" in bad.stderr
 
 
+def test_describe_links_resubmissions(two_pools: Stack) -> None:
+    """The feedback loop resubmits an OOM-failed job X as X-r1 (tide.core.feedback.resubmit_id); describe
+    links the two both ways (here the two jobs are submitted by hand under those ids)."""
+    home = two_pools.home
+    for job_id in ("linked", "linked-r1"):
+        out = tide(home, "submit", "--job-id", job_id, "--wait", "--", "true")
+        assert out.returncode == 0, out.stderr
+    first = json.loads(tide(home, "describe", "linked", "-o", "json").stdout)
+    assert first["links"] == {"resubmitted_as": "linked-r1"}
+    assert first["events"][-1] == {**first["events"][-1], "code": "Resubmitted", "text": "resubmitted as linked-r1"}
+    second = tide(home, "describe", "linked-r1").stdout
+    assert "Resubmission of: linked" in second and "resubmission of linked" in second
+
+
+def test_describe_a_rejected_job(two_pools: Stack, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"metadata": {"name": "bad"}, "spec": {"template": {
+        "command": ["true"], "resources": {"gpu": -1}}}}))
+    assert tide(two_pools.home, "submit", str(path), "--job-id", "bad-one").returncode == 2
+    out = tide(two_pools.home, "describe", "bad-one")
+    assert out.returncode == 0, out.stderr
+    assert "State:      rejected" in out.stdout and "Rejected/InvalidSpec" in out.stdout
+    logs = tide(two_pools.home, "logs", "bad-one")
+    assert logs.returncode == 1 and "was rejected" in one_line(logs.stderr)
+
+
 async def test_only_a_nodes_own_agent_serves_its_logs(two_pools: Stack) -> None:
     info = two_pools.info
     assert info is not None
