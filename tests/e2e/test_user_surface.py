@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nats
@@ -250,3 +251,43 @@ def test_version_completion_and_schema(tmp_path: Path) -> None:
     assert check.returncode == 0
     schema = json.loads(tide(tmp_path, "schema").stdout)
     assert schema == json.loads((Path(__file__).resolve().parents[2] / "docs" / "jobspec.schema.json").read_text())
+
+
+def wait_state(home: Path, job_id: str, states: set[str], timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = json.loads(tide(home, "status", job_id, "--json").stdout)
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.3)
+
+
+def test_describe_a_preemption_and_logs_of_each_attempt(two_pools: Stack) -> None:
+    home = two_pools.home
+    sleeper = "import os, time; print('attempt', os.environ['TIDE_ATTEMPT'], flush=True); time.sleep(120)"
+    victim = submit_inline(home, "--gpus", "2", "--priority", "best-effort", "--selector", "pool=b", "--name",
+                           "victim", "--", sys.executable, "-c", sleeper)["job_id"]
+    first = wait_state(home, victim, {"running"})
+    deadline = time.monotonic() + 30
+    while "attempt" not in tide(home, "logs", victim).stdout:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    urgent = submit_inline(home, "--gpus", "2", "--priority", "online-serving", "--selector", "pool=b", "--name",
+                           "urgent", "--wait", "--timeout", "90", "--", "true")
+    assert urgent["state"] == "succeeded"
+    second = wait_state(home, victim, {"running"})
+    assert second["attempts"] > first["attempts"]
+
+    desc = json.loads(tide(home, "describe", victim, "-o", "json").stdout)
+    preempted = [e for e in desc["events"] if e["code"] == "Preempted"]
+    assert preempted and f"preempted by {urgent['job_id']}" in preempted[0]["text"], desc["events"]
+    assert "Requeued/Preempted" in [e["code"] for e in desc["events"]]
+
+    deadline = time.monotonic() + 30
+    while f"attempt {second['attempts']}" not in tide(home, "logs", victim).stdout:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    old = tide(home, "logs", victim, "--attempt", str(first["attempts"]))
+    assert old.returncode == 0 and old.stdout.strip() == f"attempt {first['attempts']}"
+    assert tide(home, "cancel", victim, "--wait").returncode == 0

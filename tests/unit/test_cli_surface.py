@@ -59,6 +59,9 @@ def test_timeline_links_resubmissions_and_orders_by_time() -> None:
     assert related_ids("a") == {"resubmitted_as": "a-r1"}
     assert related_ids("a-r2") == {"resubmitted_as": "a-r3", "resubmission_of": "a-r1"}
     assert related_ids("a-r1")["resubmission_of"] == "a"
+    started = JobEvent(event_id="a.pod-started.2.a-0", job_id="a", kind="pod-started", state=JobState.RUNNING,
+                       pod="a-0", node="n1")
+    assert timeline([started], None, {})[0].text == "pod-started: pod a-0 (attempt 2) on n1"
     assert compact({"a": None, "b": {}, "c": [], "d": {"e": 1, "f": None}}) == {"d": {"e": 1}}
 
 

@@ -104,9 +104,20 @@ class Row:
     text: str
 
 
+def event_attempt(e: JobEvent) -> int | None:
+    """The job attempt an event belongs to, from its id (``<job>.<kind>.<attempt>.<pod>``, see
+    ``tide.events.publish_job_event``); None for ids of another shape."""
+    parts = e.event_id.split(".")
+    if len(parts) >= 3 and parts[0] == e.job_id and parts[1] == e.kind and parts[2].isdigit():
+        return int(parts[2])
+    return None
+
+
 def event_text(e: JobEvent) -> str:
     """One line of human text for an event."""
-    where = " ".join(x for x in (f"pod {e.pod}" if e.pod else "", f"on {e.node}" if e.node else "") if x)
+    attempt = event_attempt(e) if e.kind in ("placed", "pod-started", "pod-exited") else None
+    pod = f"pod {e.pod}" + (f" (attempt {attempt})" if attempt else "") if e.pod else ""
+    where = " ".join(x for x in (pod, f"on {e.node}" if e.node else "") if x)
     if e.kind == "pod-exited":
         code = f" (exit code {e.exit_code})" if e.exit_code is not None else ""
         return f"{where}: {e.reason}{code}".strip()
@@ -114,7 +125,7 @@ def event_text(e: JobEvent) -> str:
         text = f"queued in {e.queue or 'default'} ({e.priority_class or '-'})"
         return f"{text}: {e.reason}" if e.reason else text
     if e.kind == "placed" and e.wait_s is not None:
-        return f"reserved after waiting {e.wait_s:.1f}s"
+        return f"reserved {e.wait_s:.1f}s after submission" + (f" (attempt {attempt})" if attempt else "")
     return ": ".join(p for p in (where, e.reason) if p)
 
 
