@@ -54,7 +54,8 @@ async def test_an_agent_unreached_for_its_lease_stops_its_pods_and_takes_none(ma
     assert "j/j-0.a1" in agent.pods  # still within the lease
     await asyncio.sleep(0.4)
     await agent._heartbeat()
-    assert (await agent.exited("j-0.a1")).reason == ExitReason.STOPPED
+    fenced = await agent.exited("j-0.a1")
+    assert fenced.reason == ExitReason.LOST and "fenced" in fenced.message  # lost, not stopped on request
     ack = await agent._start(start("j-0.a2"))
     assert not ack.ok and "lease expired" in ack.error
     agent.nc.is_connected = True  # back: the lease is renewed by the next heartbeat

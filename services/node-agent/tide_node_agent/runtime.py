@@ -231,6 +231,7 @@ class PodProcess:
     argv: list[str] = field(default_factory=list)
     checkpoint_path: Path | None = None
     checkpointed: bool = False
+    fenced: bool = False  # stopped because the node lease ran out: the pod is lost, not stopped on request
 
     @property
     def key(self) -> str:
@@ -343,7 +344,8 @@ def reap_orphans(pids_dir: Path) -> list[str]:
 
 
 async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: LaunchSpec | None = None,
-                 at_limit: Callable[[PodProcess], bool] | None = None) -> PodProcess:
+                 at_limit: Callable[[PodProcess], bool] | None = None, lease_file: Path | None = None,
+                 fence_grace_s: float = 5.0) -> PodProcess:
     """Start the pod in its own session (process group); call ``on_exit`` when it ends.
 
     ``spec`` is what a runtime prepared (argv, env, CPUs); without one the command runs as a plain
@@ -362,7 +364,8 @@ async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: Lau
     log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", str(POD_LEADER), str(os.getpid()), *spec.argv,
+            sys.executable, "-I", "-S", str(POD_LEADER), str(os.getpid()), str(lease_file or "-"),
+            f"{fence_grace_s:g}", *spec.argv,
             stdout=log_file,
             stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL,
@@ -388,6 +391,8 @@ async def launch(cmd: StartPod, work_dir: Path, on_exit: ExitCallback, spec: Lau
                 log.warning("oom_probe_failed", job_id=cmd.job_id, pod=cmd.pod, error=repr(exc))
         reason, sig = exit_reason(rc, pod.stopping, tail, at_limit=limit_hit)
         message = tail.decode(errors="replace").strip().splitlines()[-1][:200] if tail.strip() else ""
+        if pod.fenced or pod_leader.FENCED.encode() in tail[-4096:]:
+            reason, message = ExitReason.LOST, "fenced: the node lease ran out"  # not stopped on request
         if reason == ExitReason.OOM and limit_hit and not OOM_PATTERNS.search(tail):
             message = "GPU memory at its limit when the pod failed" + (f": {message}" if message else "")
         await on_exit(pod, rc, reason, sig, message if reason != ExitReason.COMPLETED else "")

@@ -65,6 +65,7 @@ tracer = trace.get_tracer("tide.node_agent")
 MIB = 1024 * 1024
 FENCE_MEMORY = 10_000
 """jobs whose fencing floor the agent remembers (oldest forgotten first)"""
+RECENT_EXITS = 256  # exits a (re-)registration repeats, so a pod whose exit is still on its way is not called lost
 
 
 def make_backend(settings: Settings) -> GpuBackend:
@@ -128,6 +129,8 @@ class NodeAgent:
         self.work_dir = settings.work_dir / self.node_id
         self.mps = MpsControl(settings.mps_dir or self.work_dir / "mps", launch=not self.simulated)
         self.pids_dir = self.work_dir / "pids"
+        self.lease_file = self.work_dir / "lease"  # the lease's deadline, read by the pod leaders (pod_leader.py)
+        self.recent_exits: dict[str, PodExited] = {}  # pod key -> its exit, the last RECENT_EXITS, for re-registration
         self.seq = 0
         self._last_telemetry = 0.0
         self._last_inventory = time.monotonic()
@@ -161,12 +164,14 @@ class NodeAgent:
 
     async def _register(self) -> None:
         await self._status(NodeRegistered(node=self.node, running_pods=sorted(self.pods),
+                                          exited=list(self.recent_exits.values()),
                                           lease_s=self.settings.node_lease_s,
                                           fence_grace_s=self.settings.fence_grace_s,
                                           heartbeat_s=self.settings.heartbeat_s))
 
     # ------------------------------------------------------------ service
     async def start(self) -> None:
+        self._write_lease(time.monotonic() + self.settings.node_lease_s)
         reaped = reap_orphans(self.pids_dir)
         if reaped:  # a previous agent died with pods running: they are not ours any more (the placer calls them lost)
             self._log.warning("orphan_pods_killed", pods=reaped)
@@ -256,6 +261,14 @@ class NodeAgent:
         now = time.monotonic() if now is None else now
         return now - self._last_contact > self.settings.node_lease_s
 
+    def _write_lease(self, deadline: float) -> None:
+        """Publish the lease's deadline to the pod leaders, which fence their pods when it passes even if
+        this process is frozen and cannot (atomically: a leader never reads half a number)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.lease_file.with_suffix(".tmp")
+        tmp.write_text(f"{deadline:.3f}\n")
+        os.replace(tmp, self.lease_file)
+
     def _check_lease(self, now: float | None = None) -> None:
         """Unreached for the lease time: the placer will reschedule these pods elsewhere, so stop them
         (SIGTERM, ``TIDE_FENCE_GRACE_S``, SIGKILL) before it does. Their exits go out once NATS is back."""
@@ -266,6 +279,7 @@ class NodeAgent:
             self._log.warning("self_fencing", pods=sorted(self.pods),
                               unreached_s=round(time.monotonic() - self._last_contact, 1))
         for pod in list(self.pods.values()):
+            pod.fenced = True
             asyncio.get_running_loop().create_task(pod.stop(self.settings.fence_grace_s))
 
     async def _renew(self) -> None:
@@ -280,6 +294,7 @@ class NodeAgent:
         except Exception:  # noqa: BLE001 - unreachable: the lease runs down
             return
         self._last_contact = sent
+        self._write_lease(sent + self.settings.node_lease_s)
         self._fenced = False
 
     async def _heartbeat(self) -> None:
@@ -400,7 +415,8 @@ class NodeAgent:
             self.release_mig(mig)
             return CommandAck(ok=False, error=str(exc))
         try:
-            pod = await launch(cmd, self.work_dir, self._on_exit, spec=spec, at_limit=self._at_limit)
+            pod = await launch(cmd, self.work_dir, self._on_exit, spec=spec, at_limit=self._at_limit,
+                               lease_file=self.lease_file, fence_grace_s=self.settings.fence_grace_s)
         except OSError as exc:
             self.release_mig(mig)
             await self._status(PodExited(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=None,
@@ -446,11 +462,15 @@ class NodeAgent:
             self.release_mig(s.mig)  # before PodExited: the placer may hand these slots out at once
         self._log.info("pod_exited", job_id=pod.cmd.job_id, pod=pod.cmd.pod, exit_code=rc, reason=reason.value,
                        peak_memory_bytes=s.peak_bytes if s else None)
-        await self._status(PodExited(node_id=self.node_id, job_id=pod.cmd.job_id, pod=pod.cmd.pod,
-                                     exit_code=rc, signal=sig, reason=reason, message=message,
-                                     checkpointed=pod.checkpointed,
-                                     peak_memory_bytes=s.peak_bytes if s else None,
-                                     memory_limit_bytes=(s.gpus.memory_limit_bytes or None) if s else None))
+        exited = PodExited(node_id=self.node_id, job_id=pod.cmd.job_id, pod=pod.cmd.pod,
+                           exit_code=rc, signal=sig, reason=reason, message=message,
+                           checkpointed=pod.checkpointed,
+                           peak_memory_bytes=s.peak_bytes if s else None,
+                           memory_limit_bytes=(s.gpus.memory_limit_bytes or None) if s else None)
+        self.recent_exits[pod.key] = exited
+        while len(self.recent_exits) > RECENT_EXITS:
+            self.recent_exits.pop(next(iter(self.recent_exits)))
+        await self._status(exited)
 
     # ------------------------------------------------------------ MIG
     def resolve_gpus(self, cmd: StartPod) -> tuple[list[str], PodMig]:

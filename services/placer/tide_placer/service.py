@@ -853,13 +853,17 @@ class PlacerService:
         self.leases[node.node_id] = lease
         await self.redis.hset(keys.NODE_LEASES, node.node_id, json.dumps(lease))
         log.info("node_registered", node_id=node.node_id, gpus=len(node.gpus), running=len(reg.running_pods))
-        # Pods we placed on this node that the (restarted) agent no longer runs are lost.
+        # Pods we placed on this node that the agent no longer runs ended as it says (their PodExited may
+        # still be on its way: exits are applied per job, concurrently with this), or else are lost.
         running = set(reg.running_pods)
+        exited = {f"{e.job_id}/{e.pod}": e for e in reg.exited}
         for job_id, pod, attempt in await self._pods_on(node.node_id):
-            if f"{job_id}/{agent_pod_id(pod, attempt)}" not in running:
-                await self._pod_exited(PodExited(
-                    node_id=node.node_id, job_id=job_id, pod=agent_pod_id(pod, attempt), exit_code=None,
-                    reason=ExitReason.LOST, message="node agent restarted without it"))
+            key = f"{job_id}/{agent_pod_id(pod, attempt)}"
+            if key in running:
+                continue
+            await self._pod_exited(exited.get(key) or PodExited(
+                node_id=node.node_id, job_id=job_id, pod=agent_pod_id(pod, attempt), exit_code=None,
+                reason=ExitReason.LOST, message="node agent restarted without it"))
         # ... and pods the agent runs that are not the current attempt of their job are stopped.
         self.reported[node.node_id] = frozenset(running)
         if await self._fence_node(node.node_id, running, fresh=True) and was_lost:

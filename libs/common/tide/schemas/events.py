@@ -144,6 +144,9 @@ class NodeRegistered(Message):
     lease_s: float | None = Field(default=None, description="the agent stops its pods after this long unreached")
     fence_grace_s: float | None = Field(default=None, description="... with this grace (SIGTERM, then SIGKILL)")
     heartbeat_s: float | None = Field(default=None, description="the agent's heartbeat interval")
+    exited: list[PodExited] = Field(
+        default_factory=list, description="the agent's recent pod exits: a pod missing from running_pods that "
+        "is here ended so (its PodExited may still be on its way), not lost")
 
 
 class PodStarted(Message):
@@ -181,6 +184,9 @@ NodeStatus = Annotated[NodeRegistered | PodStarted | PodExited, Field(discrimina
 
 
 NODE_STATUS = TypeAdapter(NodeStatus)
+
+
+NodeRegistered.model_rebuild()  # its ``exited`` names PodExited, defined after it
 
 
 class GpuAssignment(BaseModel):
