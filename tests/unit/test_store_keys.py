@@ -9,7 +9,9 @@ from redis.asyncio import Redis
 from redis.cluster import key_slot
 from tide.stack.auth import redis_acl_lines
 from tide.store import keys
-from tide.store.claims import BASE_KEYS, ClaimStore
+from tide.store.claims import BASE_KEYS, ClaimItem, ClaimStore, PodClaim
+
+from tests.helpers import small_node
 
 BUILT = [
     keys.job("j-1"), keys.node("n1"), keys.capacity("n1"), keys.used("n1"), keys.claim("j-1", "j-1-0"),
@@ -62,3 +64,31 @@ async def test_a_script_never_touches_a_key_it_was_not_given(redis: Redis) -> No
     code, missing = await store._claim(keys=BASE_KEYS, args=["", json.dumps(request)])
     assert (code, missing) == (-1, keys.claim("a", "a-0"))
     assert await redis.dbsize() == 0
+
+
+async def test_a_claim_that_changed_under_the_read_is_read_again(redis: Redis) -> None:
+    """release names the used keys it read; when the claim moved to another node before the script ran, the
+    script touches nothing, says which key it lacks, and the store reads again and releases the new claim."""
+    store = ClaimStore(redis)
+    for node_id in ("n1", "n2"):
+        await store.set_capacity(small_node(node_id, gpus=1))
+    on = {"n1": PodClaim("a", "a-0", (ClaimItem("n1", "g0.milli", 1000),), {}),
+          "n2": PodClaim("a", "a-0", (ClaimItem("n2", "g0.milli", 1000),), {})}
+    assert (await store.claim([on["n1"]]))[0]
+    read = store._touched
+    reads = 0
+
+    async def racing(reservation_keys: list[str], claim_keys: list[str]) -> list[str]:
+        nonlocal reads
+        reads += 1
+        found = await read(reservation_keys, claim_keys)
+        if reads == 1:  # another attempt of the job moves its claim from n1 to n2 meanwhile
+            await ClaimStore(redis).release([on["n1"].key])
+            assert (await ClaimStore(redis).claim([on["n2"]]))[0]
+        return found
+
+    store._touched = racing  # type: ignore[method-assign]
+    assert await store.release([on["n1"].key]) == 1
+    assert reads == 2
+    assert await store.used("n1") == {"g0.milli": 0} and await store.used("n2") == {"g0.milli": 0}
+    assert not await redis.exists(on["n1"].key)

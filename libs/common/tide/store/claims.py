@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -122,7 +122,8 @@ class ClaimStore:
                     out.extend(item[1] for item in (json.loads(raw) if raw else []))
         return out
 
-    async def _run(self, script: Any, what: str, call_keys: Callable[[], Any]) -> list[Any]:
+    async def _run(self, script: Any, what: str, call_keys: Callable[[], Awaitable[tuple[list[str], Any]]]
+                   ) -> list[Any]:
         """Run a script with the keys ``call_keys()`` gathers (an awaitable of (keys, request)); gather
         them again while the script names a key it was not given (a claim changed in between)."""
         for _ in range(KEY_RETRIES):
