@@ -169,4 +169,17 @@ async def test_sigstopped_leader_resumed_after_takeover_writes_nothing_and_steps
     assert not acted & set(names), acted & set(names)
     new_events = {e.get("event") for e in log_events(stack, standby)}
     assert "placer_leader_acquired" in new_events
+    # a clean shutdown of the new leader gives the lease up: the old one, a standby now, leads again at once
+    stopped_at = time.monotonic()
+    stack.kill(standby, signal.SIGTERM, timeout_s=30)
+    again = await wait_leader(redis, new, RENEW_S + SLACK_S + 5)
+    record("placer leader SIGTERM (lease released) -> standby holds the lease", time.monotonic() - stopped_at)
+    assert leader_process(stack, again) == leader
+    client = await TideClient.connect(info.settings_for("admin"))
+    try:
+        assert (await client.submit(job("z", marker_pod(out, 0.1), gpu=1), job_id="z")).accepted
+        assert (await client.wait("z", timeout_s=60))["state"] == "succeeded"
+    finally:
+        await client.close()
+    assert any(e.get("event") == "placer_leader_released" for e in log_events(stack, standby))
     await redis.aclose()
