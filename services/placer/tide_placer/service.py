@@ -190,12 +190,14 @@ class PlacerService:
         change = transition(self._leading.is_set(), now)
         if change == "acquired":
             log.info("placer_leader_acquired", token=self.lease.state.token)
-            await self._load_node_leases()  # what the previous leader registered meanwhile
             self.view.invalidate()
-            self._own_resv.clear()
             self._not_leading.clear()
             self._leading.set()
             self._kick.set()
+            try:
+                await self._load_node_leases()  # what the previous leader registered meanwhile
+            except Exception as exc:  # noqa: BLE001 - Redis away: registrations fill them in again
+                log.warning("node_leases_not_loaded", error=repr(exc))
         elif change == "lost":
             log.warning("placer_leader_lost", token=self.lease.state.token, reason=why)
             self._leading.clear()
