@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 from tide.client import TideClient
 from tide.stack.launcher import Stack
 from tide.store import keys
+from tide.store.redis import redis_for
 
 from tests.helpers import PY, small_node
 
@@ -371,7 +372,7 @@ async def run_fault(make_stack: Callable[..., Stack], tmp_path: Path, fault: str
                     recover: Step | None = None, trigger: Step | None = None,
                     placer_env: dict[str, str] | None = None, gang_s: float = 2.5, gang_later_s: float | None = None,
                     jobs: dict[str, dict] | None = None, agent_env: dict[str, str] | None = None,
-                    settle_s: float = 45.0) -> dict[str, Any]:
+                    settle_s: float = 45.0, ha: bool = False) -> dict[str, Any]:
     """Start a 4 x 8 GPU stack, submit the load, wait for ``trigger`` (default: the 16-pod gang runs), note
     the fault time and ``inject`` the fault; submit a probe job right after it; ``recover`` (restart,
     SIGCONT); wait for every job to end, then check the invariants on the witness records and Redis."""
@@ -379,9 +380,12 @@ async def run_fault(make_stack: Callable[..., Stack], tmp_path: Path, fault: str
     witness.mkdir()
     t0 = time.monotonic()
     env = {"placer": {**PLACER_ENV, **(placer_env or {})}, "agents": {**AGENT_ENV, **(agent_env or {})}}
-    stack = make_stack([small_node(f"n{i}", gpus=GPUS_PER_NODE) for i in range(NODES)], env=env)
+    stack = make_stack([small_node(f"n{i}", gpus=GPUS_PER_NODE) for i in range(NODES)], env=env,
+                       **({"ha": True} if ha else {}))
     client = await TideClient.connect(stack.info.settings_for("admin"))
-    redis = Redis.from_url(stack.info.redis_url("placer"), decode_responses=True)  # admin has no Redis user
+    # admin has no Redis user; with Sentinels the client follows a failover (``ha``)
+    redis = redis_for(stack.info.settings_for("placer")) if ha else \
+        Redis.from_url(stack.info.redis_url("placer"), decode_responses=True)
     c = Chaos(stack, client, witness)
     jobs = dict(jobs) if jobs is not None else load(witness, gang_s, gang_later_s)
     first_id = next(iter(jobs))

@@ -30,6 +30,7 @@ from tests.chaos.harness import (
     spec,
     until,
 )
+from tests.ha.conftest import server_of_client
 
 
 def killed_and_restarted(name: str):
@@ -205,4 +206,36 @@ async def test_gangs_completing_while_nats_is_down_are_not_run_again(make_stack,
 
     report = await run_fault(make_stack, tmp_path, "nats kill -9 while two 8-pod gangs complete", inject, recover,
                              trigger=all_running, jobs=jobs)
+    assert_invariants(report)
+
+
+# ---------------------------------------------------------------- the same faults on the HA set-up (docs/ha.md)
+async def test_ha_redis_primary_killed_and_kept_down(make_stack, tmp_path: Path) -> None:
+    """HA: the Valkey primary killed and kept down (no restart): a Sentinel promotes the replica and the
+    services follow it; the checks read Redis through the Sentinels too."""
+
+    async def inject(c: Chaos) -> None:
+        c.stack.kill("redis", signal.SIGKILL)  # on purpose: the supervisor leaves it down
+
+    report = await run_fault(make_stack, tmp_path, "HA: redis primary kill -9 (Sentinel failover)", inject,
+                             ha=True)
+    assert_invariants(report)
+
+
+async def test_ha_nats_server_of_the_placer_killed(make_stack, tmp_path: Path) -> None:
+    """HA: the NATS server the placer is connected to killed, restarted 3 s later; the placer and agents
+    reconnect to the other servers and the streams (3 replicas) elect new leaders."""
+
+    async def inject(c: Chaos) -> None:
+        c.notes["server"] = server_of_client(c.stack, "tide-placer")
+        c.stack.kill(c.notes["server"], signal.SIGKILL)
+
+    async def recover(c: Chaos) -> None:
+        await until(lambda: _true(time.time() - c.t_fault > 3), 5, 0.05)
+        c.stack.restart(c.notes["server"])
+
+    # a reservation must outlive JetStream's leader election (4-9 s here, docs/ha.md): the pods' start
+    # reports wait for it, and a reservation lapsing meanwhile reruns pods that did start (the default is 30 s)
+    report = await run_fault(make_stack, tmp_path, "HA: the placer's NATS server kill -9, back after 3 s", inject,
+                             recover, ha=True, placer_env={"TIDE_RESERVATION_TTL_S": "20"})
     assert_invariants(report)

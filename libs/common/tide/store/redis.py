@@ -27,6 +27,7 @@ from tide.settings import Settings
 POOL_SIZE = 32  # connections per service; more only adds contention in a single-threaded Redis
 POOL_WAIT_S = 30.0  # a command waits this long for a free connection before it fails
 SENTINEL_TIMEOUT_S = 1.0  # one Sentinel that does not answer in time: ask the next
+SENTINEL_RETRIES = 6  # per round at one address (about 2 s), before the Sentinels are asked again
 
 
 class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -34,12 +35,12 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     ``BlockingConnectionPool`` (the MRO puts the Sentinel lookup first, the blocking pool under it)."""
 
 
-def _client_options(pool_size: int) -> dict[str, Any]:
+def _client_options(pool_size: int, retries: int = 30, backoff_cap_s: float = 2.0) -> dict[str, Any]:
     return dict(
         max_connections=pool_size,
         timeout=POOL_WAIT_S,
         decode_responses=True,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=30),
+        retry=Retry(ExponentialBackoff(cap=backoff_cap_s, base=0.1), retries=retries),
         retry_on_error=[ConnectionError, TimeoutError],
         health_check_interval=10,
         socket_connect_timeout=2,
@@ -86,7 +87,10 @@ def connect_redis(
         username=unquote(parsed.username) if parsed.username else None,
         password=unquote(parsed.password) if parsed.password else None,
         db=db,
-        **_client_options(pool_size),
+        # redis-py retries a connection to the address it resolved with the same Retry, nested inside the
+        # retry that asks the Sentinels again: a long inner retry keeps knocking at the dead master for
+        # ~50 s after the failover (the placer's cycle hung that long). Short: each round re-resolves.
+        **_client_options(pool_size, retries=SENTINEL_RETRIES, backoff_cap_s=0.5),
     )
 
 
