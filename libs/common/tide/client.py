@@ -83,7 +83,13 @@ def nats_reachable(url: str, timeout_s: float = 2.0) -> bool:
 
 
 class TideClient:
-    def __init__(self, nc: NATS, url: str = "") -> None:
+    def __init__(self, nc: NATS, url: str = "", tenant: str | None = None) -> None:
+        """``tenant``: act as this tenant (docs/security.md): its own submit, cancel and status subjects, and
+        no job events (a tenant may not subscribe to them): verdicts and waits are polled."""
+        self.tenant = tenant
+        self.submit_subject = subjects.job_submit_as(tenant) if tenant else subjects.JOB_SUBMIT
+        self.cancel_subject = subjects.job_cancel_as(tenant) if tenant else subjects.JOB_CANCEL
+        self.status_subject = subjects.api_status_as(tenant) if tenant else subjects.API_STATUS
         self.nc = nc
         self.js = nc.jetstream()
         self.url = url or (str(nc.connected_url.geturl()) if nc.connected_url else "")
@@ -98,10 +104,12 @@ class TideClient:
             pass
 
         try:
-            nc = await asyncio.wait_for(connect(settings, "tide-cli", error_cb=quiet), timeout=10)
+            nc = await asyncio.wait_for(
+                connect(settings, "tide-cli", inbox_prefix=f"_INBOX_{settings.user}" if settings.user else None,
+                        error_cb=quiet), timeout=10)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise ServiceUnavailable("nats", settings.nats_url, f": {exc}" if str(exc) else "") from exc
-        return cls(nc, settings.nats_url)
+        return cls(nc, settings.nats_url, tenant=settings.user)
 
     async def close(self) -> None:
         await self.nc.close()
@@ -109,7 +117,8 @@ class TideClient:
     async def request(self, subject: str, data: bytes, timeout_s: float = 5.0) -> Any:
         """A request to a service's API; ServiceUnavailable when nobody answers."""
         try:
-            reply = await self.nc.request(subject, data, timeout=timeout_s)
+            reply = await self.nc.request(self.status_subject if subject == subjects.API_STATUS else subject, data,
+                                          timeout=timeout_s)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError) as exc:
             raise ServiceUnavailable(SERVICE_OF.get(subject, subject), self.url) from exc
         return json.loads(reply.data)
@@ -142,7 +151,7 @@ class TideClient:
     async def _queue_present(self) -> None:
         """ServiceUnavailable unless a queue service is subscribed (a busy one that is slow to answer is present)."""
         try:
-            await self.nc.request(subjects.API_STATUS, b'{"limit": 1}', timeout=2)
+            await self.nc.request(self.status_subject, b'{"limit": 1}', timeout=2)
         except nats.errors.NoRespondersError as exc:
             raise ServiceUnavailable("queue", self.url) from exc
         except (nats.errors.TimeoutError, TimeoutError):
@@ -161,6 +170,8 @@ class TideClient:
         return SubmitResult(job_id, True)
 
     async def submit_raw(self, data: bytes, job_id: str, timeout_s: float = 15.0) -> SubmitResult:
+        if self.tenant:
+            return await self._submit_polled(data, job_id, timeout_s)
         verdict: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
 
         async def on_event(msg: Any) -> None:
@@ -178,6 +189,17 @@ class TideClient:
             field, _, reason = event.reason.partition(": ")
             return SubmitResult(job_id, False, field, reason)
         return SubmitResult(job_id, True)
+
+    async def _submit_polled(self, data: bytes, job_id: str, timeout_s: float) -> SubmitResult:
+        """A tenant's submission: publish on its subject, then ask for the job until the queue has a verdict."""
+        await self.js.publish(self.submit_subject, data, headers={"Tide-Job-Id": job_id})
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            known = await self._known(job_id)
+            if known is not None:
+                return known
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"no verdict on job {job_id} in {timeout_s:g}s")
 
     async def status(self, job_id: str | None = None, limit: int = 50, timeout_s: float = 5.0) -> dict[str, Any]:
         req = {"job_id": job_id} if job_id else {"limit": limit}
@@ -203,7 +225,8 @@ class TideClient:
         async def on_event(msg: Any) -> None:
             changed.set()
 
-        sub = await self.nc.subscribe(subjects.job_events(job_id), cb=on_event)
+        # a tenant may not subscribe to job events: it polls (each second, as below)
+        sub = None if self.tenant else await self.nc.subscribe(subjects.job_events(job_id), cb=on_event)
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -224,11 +247,12 @@ class TideClient:
                 except TimeoutError:
                     pass
         finally:
-            await sub.unsubscribe()
+            if sub is not None:
+                await sub.unsubscribe()
 
     async def cancel(self, job_id: str, reason: str = "cancelled by user") -> None:
         message = CancelJob(job_id=job_id, reason=reason)
-        await self.js.publish(subjects.JOB_CANCEL, message.to_bytes(), headers={"Nats-Msg-Id": message.event_id})
+        await self.js.publish(self.cancel_subject, message.to_bytes(), headers={"Nats-Msg-Id": message.event_id})
 
     async def nodes(self) -> list[dict[str, Any]]:
         nodes: list[dict[str, Any]] = (await self.request(subjects.API_NODES, b"{}"))["nodes"]

@@ -88,6 +88,14 @@ class Settings(BaseSettings):
     # queue
     max_payload_bytes: int = 64 * 1024
     queue_config: Path | None = Field(default=None, description="YAML/JSON queue tree loaded at start")
+    tenants_file: Path | None = Field(
+        default=None, description="the tenants' policies (tide.stack.auth.TENANTS_FILE), re-read when it changes")
+    max_pending_per_queue: int = Field(default=100_000, ge=1, description="pending jobs in one queue at most")
+    max_pending_per_tenant: int = Field(
+        default=10_000, ge=1, description="pending jobs of one tenant at most (a tenant's max_pending wins)")
+
+    # CLI: act as this tenant (its credentials from the stack's stack.json); None: the admin
+    user: str | None = None
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> Settings:

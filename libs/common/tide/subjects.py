@@ -15,6 +15,26 @@ JOBS_ALL = f"{PREFIX}.jobs.>"
 JOB_SUBMIT = f"{PREFIX}.jobs.submit"
 JOB_CANCEL = f"{PREFIX}.jobs.cancel"
 JOB_REJECTED = f"{PREFIX}.jobs.rejected"
+# A tenant submits and cancels on its own subjects (docs/security.md): the queue takes the tenant from the
+# subject's last token, never from the payload. The plain subjects above are the admin's.
+JOB_SUBMIT_TENANTS = f"{PREFIX}.jobs.submit.*"
+JOB_CANCEL_TENANTS = f"{PREFIX}.jobs.cancel.*"
+
+
+def job_submit_as(tenant: str) -> str:
+    return f"{JOB_SUBMIT}.{tenant}"
+
+
+def job_cancel_as(tenant: str) -> str:
+    return f"{JOB_CANCEL}.{tenant}"
+
+
+def tenant_of(subject: str) -> str | None:
+    """The tenant a submit/cancel/status subject speaks for; None for the admin's plain subjects."""
+    for base in (JOB_SUBMIT, JOB_CANCEL, f"{PREFIX}.api.status"):
+        if subject.startswith(base + "."):
+            return subject[len(base) + 1:]
+    return None
 
 # Job lifecycle events (stream EVENTS): tide.events.job.<job_id>.<kind>
 EVENTS_ALL = f"{PREFIX}.events.>"
@@ -74,6 +94,13 @@ PLACER_KICK = f"{PREFIX}.placer.kick"
 
 # Request/reply APIs used by the CLI
 API_STATUS = f"{PREFIX}.api.status"
+API_STATUS_TENANTS = f"{PREFIX}.api.status.*"  # a tenant's status requests: only its own jobs
+
+
+def api_status_as(tenant: str) -> str:
+    return f"{API_STATUS}.{tenant}"
+
+
 API_QUEUES = f"{PREFIX}.api.queues"
 API_QUEUES_APPLY = f"{PREFIX}.api.queues.apply"  # admin: replace the queue tree at run time
 API_NODES = f"{PREFIX}.api.nodes"
@@ -106,7 +133,7 @@ STREAMS: list[StreamDef] = [
     StreamDef("TELEMETRY", [TELEMETRY_ALL], 3600.0, max_msgs_per_subject=1000, description="GPU telemetry"),
 ]
 
-QUEUE_INTAKE = ConsumerDef("JOBS", "queue-intake", [JOB_SUBMIT, JOB_CANCEL])
+QUEUE_INTAKE = ConsumerDef("JOBS", "queue-intake", [JOB_SUBMIT, JOB_CANCEL, JOB_SUBMIT_TENANTS, JOB_CANCEL_TENANTS])
 PLACER_NODE_STATUS = ConsumerDef("NODE", "placer-node-status", [NODE_STATUS_ALL])
 METRICS_EVENTS = ConsumerDef("EVENTS", "metrics-events", [EVENTS_ALL])
 

@@ -28,12 +28,13 @@ from tide.schemas.events import (
     SubmitJob,
 )
 from tide.settings import Settings
+from tide.stack.auth import Tenant, load_tenants
 from tide.store import keys
 from tide.store.jobs import JobStore
 from tide.store.redis import redis_for
 from tide.tracing import job_span
 
-from tide_queue.validation import parse_submission
+from tide_queue.validation import check_tenant, parse_submission
 
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.queue")
@@ -43,6 +44,21 @@ REJECTION_TTL_S = 24 * 3600
 class QueueService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._tenants: dict[str, Tenant] = {}
+        self._tenants_mtime: float | None = None
+
+    def tenants(self) -> dict[str, Tenant]:
+        """The tenants' policies, re-read whenever ``tide user add`` rewrote the file."""
+        path = self.settings.tenants_file
+        if path is None:
+            return {}
+        try:
+            mtime = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return {}
+        if mtime != self._tenants_mtime:
+            self._tenants, self._tenants_mtime = load_tenants(path), mtime
+        return self._tenants
 
     async def start(self) -> None:
         self.nc = await connect(self.settings, "tide-queue")
@@ -51,6 +67,7 @@ class QueueService:
         self.redis = redis_for(self.settings)
         self.jobs = JobStore(self.redis)
         await self.nc.subscribe(subjects.API_STATUS, cb=self._api_status)
+        await self.nc.subscribe(subjects.API_STATUS_TENANTS, cb=self._api_status)
         await self.nc.subscribe(subjects.API_QUEUES, cb=self._api_queues)
         await self.nc.subscribe(subjects.API_QUEUES_APPLY, cb=self._api_queues_apply)
         if self.settings.queue_config is not None:
@@ -66,28 +83,64 @@ class QueueService:
 
     # ------------------------------------------------------------ intake
     async def _on_intake(self, msg: Msg) -> None:
-        if msg.subject == subjects.JOB_SUBMIT:
-            await self._on_submit(msg)
-        elif msg.subject == subjects.JOB_CANCEL:
-            await self._on_cancel(msg)
+        owner = subjects.tenant_of(msg.subject)  # the tenant whose subject it came on; None: the admin
+        if msg.subject == subjects.JOB_SUBMIT or msg.subject.startswith(subjects.JOB_SUBMIT + "."):
+            await self._on_submit(msg, owner)
+        elif msg.subject == subjects.JOB_CANCEL or msg.subject.startswith(subjects.JOB_CANCEL + "."):
+            await self._on_cancel(msg, owner)
         await msg.ack()
 
-    async def _on_submit(self, msg: Msg) -> None:
+    async def _on_submit(self, msg: Msg, owner: str | None = None) -> None:
         hint = (msg.headers or {}).get("Tide-Job-Id")
         parsed = parse_submission(msg.data, self.settings.max_payload_bytes, hint)
         with job_span(tracer, "queue.submit", parsed.job_id or hint):
+            if isinstance(parsed, SubmitJob) and owner is not None:
+                parsed = check_tenant(parsed, owner, self.tenants().get(owner))
+            if isinstance(parsed, SubmitJob):
+                parsed = await self._check_limits(parsed, owner)
             if isinstance(parsed, JobRejected):
-                await self._reject(parsed)
+                await self._reject(parsed, owner)
                 return
-            await self._accept(parsed)
+            await self._accept(parsed, owner)
 
-    async def _reject(self, rejection: JobRejected) -> None:
-        log.info("job_rejected", job_id=rejection.job_id, field=rejection.field, reason=rejection.reason)
+    async def _check_limits(self, sub: SubmitJob, owner: str | None) -> SubmitJob | JobRejected:
+        """At most ``max_pending_per_queue`` pending jobs in a queue and ``max_pending_per_tenant`` (or the
+        tenant's own ``max_pending``) of one tenant. Counted only when the pending set is that long at all."""
+        queue_limit = self.settings.max_pending_per_queue
+        tenant = self.tenants().get(owner) if owner else None
+        tenant_limit = (tenant.max_pending if tenant and tenant.max_pending is not None
+                        else self.settings.max_pending_per_tenant)
+        limits = [queue_limit] + ([tenant_limit] if owner else [])
+        if await self.redis.zcard(keys.PENDING) < min(limits):
+            return sub
+        job_id = sub.job_id
+        records = [r for r in await self.jobs.get_many(await self.jobs.pending(10 * max(limits)))
+                   if r is not None and r.job_id != job_id]
+        queue = sub.spec.metadata.queue
+        if sum(1 for r in records if r.spec.metadata.queue == queue) >= queue_limit:
+            return JobRejected(job_id=job_id, field="metadata.queue",
+                               reason=f"queue {queue!r} has {queue_limit} pending jobs, its limit "
+                                      "(TIDE_MAX_PENDING_PER_QUEUE); retry later")
+        if owner and sum(1 for r in records if r.owner == owner) >= tenant_limit:
+            return JobRejected(job_id=job_id, field="tenant",
+                               reason=f"tenant {owner!r} has {tenant_limit} pending jobs, its limit; retry later")
+        return sub
+
+    async def _reject(self, rejection: JobRejected, owner: str | None = None) -> None:
+        log.info("job_rejected", job_id=rejection.job_id, field=rejection.field, reason=rejection.reason,
+                 tenant=owner)
         await publish(self.js, subjects.JOB_REJECTED, rejection)
         if rejection.job_id:
+            existing = await self.jobs.get(rejection.job_id)
+            if existing is not None and existing.owner != owner and owner is not None:
+                # a tenant used someone else's job id: that job's status and events stay untouched; the
+                # verdict is kept where only this tenant's status requests look
+                await self.redis.set(keys.rejected(f"{rejection.job_id}.{owner}"),
+                                     json.dumps({"field": rejection.field, "reason": rejection.reason}), ex=60)
+                return
             await self.redis.set(
                 keys.rejected(rejection.job_id),
-                json.dumps({"field": rejection.field, "reason": rejection.reason}),
+                json.dumps({"field": rejection.field, "reason": rejection.reason, "owner": owner}),
                 ex=REJECTION_TTL_S,
             )
             event = JobEvent(
@@ -99,7 +152,7 @@ class QueueService:
             )
             await publish(self.js, subjects.job_event(rejection.job_id, "rejected"), event)
 
-    async def _accept(self, sub: SubmitJob) -> None:
+    async def _accept(self, sub: SubmitJob, owner: str | None = None) -> None:
         job_id = sub.job_id or f"{sub.spec.metadata.name}-{sub.event_id[:8]}"
         now = time.time()
         gang = sub.spec.spec.gang_size
@@ -109,6 +162,7 @@ class QueueService:
             submitted_at=sub.ts,
             updated_at=now,
             pods=[PodRecord(name=f"{job_id}-{i}", index=i) for i in range(gang)],
+            owner=owner,
         )
         score = pending_score(sub.spec.metadata.priority_class, sub.ts)
         created = await self.jobs.create(record, score)
@@ -116,19 +170,19 @@ class QueueService:
             # The same id again (a client retrying, or a user resubmitting with --job-id): the same job. Its
             # verdict is the job as it stands, so a retry never makes a second job nor sets one back to pending.
             existing = await self.jobs.get(job_id)
-            if existing is not None and existing.spec != sub.spec:
-                await self._reject(JobRejected(job_id=job_id, field="job_id", reason="job id already in use"))
+            if existing is not None and (existing.spec != sub.spec or existing.owner != owner):
+                await self._reject(JobRejected(job_id=job_id, field="job_id", reason="job id already in use"), owner)
                 return
             log.info("job_duplicate_submit", job_id=job_id, state=existing.state.value if existing else None)
             if existing is not None:
                 await publish_job_event(self.js, existing, "queued", reason="duplicate submission: same job")
                 return
         else:
-            log.info("job_queued", job_id=job_id, queue=sub.spec.metadata.queue, pods=gang)
+            log.info("job_queued", job_id=job_id, queue=sub.spec.metadata.queue, pods=gang, tenant=owner)
         await publish_job_event(self.js, record, "queued", reason="")
         await self.nc.publish(subjects.PLACER_KICK, b"queued")
 
-    async def _on_cancel(self, msg: Msg) -> None:
+    async def _on_cancel(self, msg: Msg, owner: str | None = None) -> None:
         try:
             cancel = CancelJob.model_validate_json(msg.data)
         except ValueError as exc:
@@ -136,6 +190,9 @@ class QueueService:
             return
 
         def change(record: JobRecord) -> bool:
+            if owner is not None and record.owner != owner:
+                log.warning("cancel_refused", job_id=cancel.job_id, tenant=owner, reason="not the job's owner")
+                return False
             if record.state in TERMINAL_STATES or record.cancel_requested:
                 return False
             record.cancel_requested = True
@@ -158,22 +215,29 @@ class QueueService:
 
     # ------------------------------------------------------------ APIs
     async def _api_status(self, msg: Msg) -> None:
+        """A job or the recent jobs; on a tenant's subject (tide.api.status.<tenant>) only that tenant's."""
+        tenant = subjects.tenant_of(msg.subject)
         try:
             req = json.loads(msg.data or b"{}")
             job_id = req.get("job_id")
             if job_id:
                 record = await self.jobs.get(job_id)
-                if record is not None:
+                if record is not None and (tenant is None or record.owner == tenant):
                     body = {"jobs": [json.loads(record.to_json())]}
                 else:
-                    rej = await self.redis.get(keys.rejected(job_id))
-                    if rej:
-                        info = json.loads(rej)
+                    rej = await self.redis.get(keys.rejected(job_id if record is None else f"{job_id}.{tenant}"))
+                    info = json.loads(rej) if rej else None
+                    if info and (tenant is None or record is not None or info.get("owner") == tenant):
+                        info.pop("owner", None)
                         body = {"jobs": [], "rejected": {"job_id": job_id, **info}}
                     else:
                         body = {"jobs": [], "error": f"no job {job_id!r}"}
             else:
-                records = await self.jobs.recent(int(req.get("limit", 50)))
+                limit = int(req.get("limit", 50))
+                if tenant is None:
+                    records = await self.jobs.recent(limit)
+                else:  # the tenant's among the recent jobs
+                    records = [r for r in await self.jobs.recent(max(limit * 20, 1000)) if r.owner == tenant][:limit]
                 body = {"jobs": [json.loads(r.to_json()) for r in records]}
         except Exception as exc:
             body = {"jobs": [], "error": repr(exc)}

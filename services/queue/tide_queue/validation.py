@@ -7,6 +7,8 @@ import re
 
 from pydantic import ValidationError
 from tide.schemas.events import SCHEMA_VERSION, JobRejected, SubmitJob
+from tide.schemas.job import PRIORITY_VALUES, PriorityClass
+from tide.stack.auth import Tenant
 
 _SAFE_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
@@ -41,3 +43,24 @@ def parse_submission(data: bytes, max_bytes: int, job_id_hint: str | None = None
         extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         msg = first["msg"].removeprefix("Value error, ")
         return JobRejected(job_id=job_id, field=_loc(first["loc"]), reason=f"{msg}{extra}")
+
+
+def queue_within(queue: str, allowed: list[str]) -> bool:
+    """``queue`` is one of ``allowed`` or a sub-queue of one (``research`` allows ``research/nlp``)."""
+    return any(queue == a or queue.startswith(a.rstrip("/") + "/") for a in allowed)
+
+
+def check_tenant(sub: SubmitJob, tenant_name: str, tenant: Tenant | None) -> SubmitJob | JobRejected:
+    """A tenant's submission: only to its queues, only up to its priority class (pure)."""
+    meta = sub.spec.metadata
+    if tenant is None:
+        return JobRejected(job_id=sub.job_id, field="tenant", reason=f"unknown tenant {tenant_name!r}")
+    if not queue_within(meta.queue, tenant.queues):
+        return JobRejected(job_id=sub.job_id, field="metadata.queue",
+                           reason=f"tenant {tenant_name!r} may not submit to queue {meta.queue!r} "
+                                  f"(its queues: {', '.join(tenant.queues)})")
+    if PRIORITY_VALUES[PriorityClass(meta.priority_class)] > PRIORITY_VALUES[PriorityClass(tenant.max_priority)]:
+        return JobRejected(job_id=sub.job_id, field="metadata.priorityClass",
+                           reason=f"tenant {tenant_name!r} may submit up to {tenant.max_priority}, "
+                                  f"not {meta.priority_class}")
+    return sub

@@ -28,9 +28,19 @@ from tide.cli.output import FORMATS, dump, filter_jobs, job_row, jobs_table, nod
 from tide.client import NodeNotAnswering, ServiceUnavailable, TideClient, summarize
 from tide.log import configure_logging
 from tide.schemas.events import TERMINAL_STATES
-from tide.schemas.job import job_spec_json_schema
+from tide.schemas.job import PriorityClass, job_spec_json_schema
 from tide.settings import Settings
-from tide.stack.launcher import Stack, StackInfo, cluster_nodes, default_home, down, pid_alive, stack_running
+from tide.stack.auth import Tenant, check_tenant_name
+from tide.stack.launcher import (
+    Stack,
+    StackInfo,
+    add_tenant,
+    cluster_nodes,
+    default_home,
+    down,
+    pid_alive,
+    stack_running,
+)
 from tide.stack.servers import StackError
 from tide.stack.supervision import format_uptime, health_rows, read_health
 
@@ -51,10 +61,56 @@ class Rejected(BadInput):
     """A spec built from flags that does not validate: printed as the queue's rejections are."""
 
 
-def client_settings(home: Path) -> Settings:
+def client_settings(home: Path, user: str | None = None) -> Settings:
+    """The admin's settings, or with ``user`` (``--user`` / TIDE_USER) that tenant's credentials from stack.json.
+    With TIDE_NATS_URL set, everything comes from the environment (TIDE_NATS_USER/PASSWORD, TIDE_USER)."""
     if os.environ.get("TIDE_NATS_URL"):
-        return Settings()
-    return StackInfo.load(home).settings_for("admin")
+        return Settings(**({"user": user} if user else {}))
+    info = StackInfo.load(home)
+    if not user:
+        return info.settings_for("admin")
+    if user not in info.tenants:
+        raise BadInput(f"no tenant {user!r} in the stack in {home} (`tide user add {user} --queues ...`)")
+    return info.settings_for(user)
+
+
+def load_tenant_file(path: str) -> list[Tenant]:
+    """``{tenants: [{name, queues, max_priority, max_pending}]}`` (YAML/JSON) for `tide up --tenants`."""
+    data = load_spec(path)
+    rows = data.get("tenants") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise BadInput(f"{path}: expected {{tenants: [{{name, queues, max_priority}}, ...]}}")
+    try:
+        return [tenant_from(**row) for row in rows]
+    except TypeError as exc:
+        raise BadInput(f"{path}: {exc}") from exc
+
+
+def tenant_from(name: str, queues: list[str] | str, max_priority: str = "offline-training",
+                max_pending: int | None = None) -> Tenant:
+    queue_list = split_csv([queues]) if isinstance(queues, str) else [str(q) for q in queues]
+    if not queue_list:
+        raise BadInput(f"tenant {name!r}: at least one queue")
+    if max_priority not in {p.value for p in PriorityClass}:
+        raise BadInput(f"tenant {name!r}: max priority {max_priority!r} is not one of "
+                       f"{', '.join(p.value for p in PriorityClass)}")
+    try:
+        check_tenant_name(name)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    return Tenant(name=name, queues=queue_list, max_priority=max_priority, max_pending=max_pending)
+
+
+def cmd_user_add(args: argparse.Namespace) -> int:
+    tenant = tenant_from(args.name, args.queues, args.max_priority, args.max_pending)
+    home: Path = args.home.resolve()
+    try:
+        add_tenant(home, tenant)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    print(f"tenant {tenant.name}: queues {', '.join(tenant.queues)}, up to {tenant.max_priority}; "
+          f"use it with `tide --user {tenant.name} ...` or TIDE_USER={tenant.name} (password in {home}/stack.json)")
+    return EXIT_OK
 
 
 def load_spec(path: str) -> Any:
@@ -78,7 +134,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         return up_detached(args, home)
     nodes = cluster_nodes(args.nodes, Path(args.node_file) if args.node_file else None)
     env = {"queue": {"TIDE_QUEUE_CONFIG": str(Path(args.queue_config).resolve())}} if args.queue_config else {}
-    stack = Stack(home, nodes, env=env, ha=args.ha)
+    tenants = load_tenant_file(args.tenants) if args.tenants else None
+    stack = Stack(home, nodes, env=env, ha=args.ha, tenants=tenants)
     print(f"starting Tide in {home} with {len(nodes)} simulated node(s)...", flush=True)
     info = stack.start()
     print_endpoints(info, len(nodes))
@@ -124,6 +181,8 @@ def up_detached(args: argparse.Namespace, home: Path, timeout_s: float = 180.0) 
         argv += ["--node-file", str(Path(args.node_file).resolve())]
     if args.queue_config:
         argv += ["--queue-config", str(Path(args.queue_config).resolve())]
+    if args.tenants:
+        argv += ["--tenants", str(Path(args.tenants).resolve())]
     if args.ha:
         argv.append("--ha")
     log_path = home / "logs" / "supervisor.log"
@@ -223,7 +282,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 async def _with_client(args: argparse.Namespace, fn: Any) -> int:
-    client = await TideClient.connect(client_settings(args.home))
+    client = await TideClient.connect(client_settings(args.home, args.user))
     try:
         return await fn(client)
     finally:
@@ -489,6 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--home", type=Path, default=default_home(), help="stack state dir (default $TIDE_HOME or ~/.tide)"
     )
+    parser.add_argument("--user", default=os.environ.get("TIDE_USER") or None,
+                        help="act as this tenant (default $TIDE_USER; none: the admin)")
     parser.add_argument("--version", action="version", version=f"tide {tide_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -499,11 +560,22 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--ha", action="store_true",
                     help="high availability: 3 clustered NATS servers, Redis primary + replica + 3 Sentinels "
                          "(docs/ha.md)")
+    up.add_argument("--tenants", help="YAML/JSON {tenants: [{name, queues, max_priority}]} (docs/security.md)")
     mode = up.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true",
                       help="return once every part is ready (a background supervisor keeps the stack running)")
     mode.add_argument("--demo", action="store_true", help="run the demo jobs to completion, then stop")
     up.set_defaults(fn=cmd_up)
+
+    usr = sub.add_parser("user", help="tenants of the running stack (docs/security.md)")
+    usr_sub = usr.add_subparsers(dest="user_command", required=True)
+    ua = usr_sub.add_parser("add", help="add a tenant (or change its policy): its own NATS user and password")
+    ua.add_argument("name")
+    ua.add_argument("--queues", required=True, help="comma-separated queues it may submit to (and sub-queues)")
+    ua.add_argument("--max-priority", default="offline-training",
+                    help="highest priority class it may use (default offline-training)")
+    ua.add_argument("--max-pending", type=int, help="its pending jobs at most (default TIDE_MAX_PENDING_PER_TENANT)")
+    ua.set_defaults(fn=cmd_user_add)
 
     sub.add_parser("down", help="stop the stack and every process it started (restarted ones too)").set_defaults(
         fn=cmd_down)

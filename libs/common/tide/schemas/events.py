@@ -116,6 +116,7 @@ class JobRecord(BaseModel):
     not_before: float = Field(default=0.0, description="requeue backoff: not placed before this time")
     queued_at: float | None = Field(default=None, description="when it was last (re)queued; None: submitted_at")
     pods: list[PodRecord] = Field(default_factory=list)
+    owner: str | None = Field(default=None, description="the submitting tenant (from its subject); None: admin")
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)

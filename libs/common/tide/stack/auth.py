@@ -7,8 +7,10 @@ its own command and logs subjects and its own inbox prefix; it does not touch Re
 from __future__ import annotations
 
 import json
+import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from tide import subjects
 from tide.store import keys
@@ -27,7 +29,8 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
     return {
         "queue": {
             "publish": [subjects.JOB_REJECTED, subjects.EVENTS_ALL, subjects.PLACER_KICK, JS_API, JS_ACK],
-            "subscribe": [subjects.API_STATUS, subjects.API_QUEUES, subjects.API_QUEUES_APPLY, INBOX],
+            "subscribe": [subjects.API_STATUS, subjects.API_STATUS_TENANTS, subjects.API_QUEUES,
+                          subjects.API_QUEUES_APPLY, INBOX],
         },
         "placer": {
             "publish": [subjects.EVENTS_ALL, "tide.node.*.cmd", JS_API, JS_ACK],
@@ -56,6 +59,60 @@ def node_permissions(node_id: str) -> dict[str, list[str]]:
     }
 
 
+# ------------------------------------------------------------ tenants (docs/security.md)
+TENANT_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+RESERVED_NAMES = frozenset({*SERVICES, "admin", "tide", "default"})
+TENANTS_FILE = "tenants.json"  # in the stack's home: the tenants' policies (no passwords); the queue reads it
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Who may submit what: ``queues`` (and their sub-queues), priority classes up to ``max_priority``,
+    at most ``max_pending`` pending jobs (None: the queue's TIDE_MAX_PENDING_PER_TENANT)."""
+
+    name: str
+    queues: list[str] = field(default_factory=lambda: ["default"])
+    max_priority: str = "offline-training"
+    max_pending: int | None = None
+
+
+def check_tenant_name(name: str, node_ids: list[str] = ()) -> None:  # type: ignore[assignment]
+    """ValueError unless ``name`` can be a tenant: NATS user, subject token and inbox prefix at once."""
+    if not TENANT_NAME.match(name):
+        raise ValueError(f"tenant name {name!r}: lowercase letters, digits and '-', starting with a letter")
+    if name in RESERVED_NAMES or name.startswith(("node-", "tide-")) or name in node_ids:
+        raise ValueError(f"tenant name {name!r} is reserved (a service, admin, or a node)")
+
+
+def tenant_inbox_prefix(name: str) -> str:
+    return f"_INBOX_{name}"
+
+
+def tenant_permissions(name: str) -> dict[str, list[str]]:
+    """A tenant publishes only its own submit/cancel/status subjects (the queue reads the tenant from the
+    subject) and the read-only cluster APIs; it subscribes only to its own inbox (no job events: those of
+    other tenants' jobs would show)."""
+    return {
+        "publish": [subjects.job_submit_as(name), subjects.job_cancel_as(name), subjects.api_status_as(name),
+                    subjects.API_QUEUES, subjects.API_NODES, subjects.API_WEIGHTS],
+        "subscribe": [f"{tenant_inbox_prefix(name)}.>"],
+    }
+
+
+def load_tenants(path: Path) -> dict[str, Tenant]:
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text() or "{}")
+    return {name: Tenant(name=name, **{k: v for k, v in t.items() if k != "name"}) for name, t in raw.items()}
+
+
+def save_tenants(path: Path, tenants: dict[str, Tenant]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({n: asdict(t) for n, t in sorted(tenants.items())}, indent=2))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
 def node_user(node_id: str) -> str:
     return f"node-{node_id}"
 
@@ -80,25 +137,16 @@ class NatsCluster:
 
 def nats_config(
     port: int, store_dir: str, passwords: dict[str, str], node_ids: list[str], host: str = "127.0.0.1",
-    cluster: NatsCluster | None = None,
+    cluster: NatsCluster | None = None, tenants: list[str] = (),  # type: ignore[assignment]
 ) -> str:
-    """A nats-server config with JetStream and one user per service and node; with ``cluster``, one server
-    of a cluster whose routes authenticate as ``ROUTE_USER``."""
-    users = []
-    for name, perms in service_permissions().items():
-        users.append(_user(name, passwords[name], perms))
-    for node_id in node_ids:
-        users.append(_user(node_user(node_id), passwords[node_user(node_id)], node_permissions(node_id)))
+    """A nats-server config with JetStream and one user per service, node and tenant; with ``cluster``, one
+    server of a cluster whose routes authenticate as ``ROUTE_USER``."""
     lines = [
         f"listen: {json.dumps(f'{host}:{port}')}",
         f"server_name: {cluster.server_name if cluster else 'tide'}",
         "max_payload: 1MB",
         f"jetstream {{ store_dir: {json.dumps(store_dir)}, max_memory_store: 268435456 }}",
-        "authorization {",
-        "  users = [",
-        *[f"    {u}" for u in users],
-        "  ]",
-        "}",
+        *users_block(passwords, node_ids, tenants),
     ]
     if cluster is not None:
         secret = passwords[ROUTE_USER]
@@ -113,6 +161,31 @@ def nats_config(
             "}",
         ]
     return "\n".join([*lines, ""])
+
+
+USERS_BEGIN = "# tide users: begin"
+USERS_END = "# tide users: end"
+
+
+def users_block(passwords: dict[str, str], node_ids: list[str], tenants: list[str]) -> list[str]:
+    """The ``authorization`` block, between markers so that ``tide user add`` can replace it in place."""
+    users = []
+    for name, perms in service_permissions().items():
+        users.append(_user(name, passwords[name], perms))
+    for node_id in node_ids:
+        users.append(_user(node_user(node_id), passwords[node_user(node_id)], node_permissions(node_id)))
+    for name in tenants:
+        users.append(_user(name, passwords[name], tenant_permissions(name)))
+    return [USERS_BEGIN, "authorization {", "  users = [", *[f"    {u}" for u in users], "  ]", "}", USERS_END]
+
+
+def replace_users(conf: str, block: list[str]) -> str:
+    """``conf`` with its users block replaced (the rest, cluster and JetStream settings included, unchanged)."""
+    head, sep, rest = conf.partition(USERS_BEGIN + "\n")
+    _, sep2, tail = rest.partition(USERS_END + "\n")
+    if not sep or not sep2:
+        raise ValueError("no tide users block in the NATS config (written by an older `tide up`?)")
+    return head + "\n".join(block) + "\n" + tail
 
 
 def _user(name: str, password: str, perms: dict[str, list[str]]) -> str:

@@ -36,11 +36,18 @@ from tide.stack.auth import (
     SENTINEL_PASSWORD,
     SENTINEL_USER,
     SERVICES,
+    TENANTS_FILE,
     NatsCluster,
+    Tenant,
+    check_tenant_name,
+    load_tenants,
     nats_config,
     new_password,
     node_user,
     redis_acl_lines,
+    replace_users,
+    save_tenants,
+    users_block,
 )
 from tide.stack.servers import (
     StackError,
@@ -95,6 +102,7 @@ class StackInfo:
     redis_master_name: str = ""
     ports: dict[str, int] = field(default_factory=dict)  # server process -> its client port
     monitor_ports: dict[str, int] = field(default_factory=dict)  # NATS server process -> its monitoring port
+    tenants: list[str] = field(default_factory=list)  # NATS users of tenants (passwords in ``passwords``)
 
     def redis_url(self, user: str) -> str:
         """In an HA stack the host and port are those of the first primary: the Sentinels name the current one."""
@@ -106,6 +114,8 @@ class StackInfo:
             ha = dict(nats_stream_replicas=HA_SIZE, redis_sentinels=self.redis_sentinels,
                       redis_master_name=self.redis_master_name,
                       redis_sentinel_password=self.passwords[SENTINEL_PASSWORD] if user in SERVICES else None)
+        if user in self.tenants:  # a tenant acts on its own subjects (TideClient)
+            extra = {"user": user, **extra}
         return Settings(
             nats_url=self.nats_url,
             nats_user=user,
@@ -190,6 +200,7 @@ class Stack:
         start_agents: bool = True,
         supervise: bool = True,
         ha: bool = False,
+        tenants: list[Tenant] | None = None,
     ) -> None:
         """``placers`` > 1 runs several placer processes (placer, placer-2, ...) on one cluster;
         ``env`` adds environment variables per process name (e.g. settings for one service);
@@ -197,6 +208,7 @@ class Stack:
         (benchmarks that multiplex simulated agents); ``supervise=False`` restarts nothing; ``ha=True`` runs a
         3-server NATS cluster (streams with 3 replicas) and Redis as primary + replica + 3 Sentinels."""
         self.ha = ha
+        self.tenants = {t.name: t for t in tenants or []}
         self.start_agents = start_agents
         self.home = home
         self.nodes = nodes
@@ -225,6 +237,10 @@ class Stack:
         node_ids = [n.node_id for n in self.nodes]
         passwords = {name: new_password() for name in (*SERVICES, "admin")}
         passwords.update({node_user(n): new_password() for n in node_ids})
+        for name in self.tenants:
+            check_tenant_name(name, node_ids)
+            passwords[name] = new_password()
+        save_tenants(self.home / TENANTS_FILE, self.tenants)
         if self.ha:
             passwords.update({name: new_password() for name in HA_SECRETS})
         nats_names = nats_servers(self.ha)
@@ -244,6 +260,7 @@ class Stack:
             redis_sentinels=",".join(f"{HOST}:{ports[n]}" for n in redis_servers(self.ha) if n.startswith("sentinel")),
             redis_master_name=HA_MASTER_NAME if self.ha else "",
             ports=ports,
+            tenants=sorted(self.tenants),
         )
         try:
             if self.ha:
@@ -254,6 +271,8 @@ class Stack:
             for name in self.services:
                 user = service_user(name)
                 env = {**base, **info.env_for(user), "TIDE_READY_FILE": str(self.home / "run" / f"{name}.ready")}
+                if name == "queue":
+                    env["TIDE_TENANTS_FILE"] = str(self.home / TENANTS_FILE)
                 if name == "metrics":
                     env["TIDE_METRICS_PORT"] = str(metrics_port)
                     env["TIDE_HEALTH_FILE"] = str(self.home / HEALTH_FILE)  # tide_process_restarts_total
@@ -287,7 +306,8 @@ class Stack:
     def _start_servers(self, info: StackInfo, nats_port: int, redis_port: int) -> None:
         conf = self.home / "nats" / "nats.conf"
         conf.write_text(
-            nats_config(nats_port, str(self.home / "nats" / "store"), info.passwords, info.node_ids, HOST)
+            nats_config(nats_port, str(self.home / "nats" / "store"), info.passwords, info.node_ids, HOST,
+                        tenants=info.tenants)
         )
         conf.chmod(0o600)
         self._spawn("nats", [nats_server_binary(), "-c", str(conf)], {})
@@ -311,7 +331,7 @@ class Stack:
                                   http_port=info.monitor_ports[name])
             conf = self.home / "nats" / f"{name}.conf"
             conf.write_text(nats_config(info.ports[name], str(self.home / "nats" / f"store-{i}"), info.passwords,
-                                        info.node_ids, HOST, cluster=cluster))
+                                        info.node_ids, HOST, cluster=cluster, tenants=info.tenants))
             conf.chmod(0o600)
             self._spawn(name, [nats_server_binary(), "-c", str(conf)], {})
         acl = redis_acl_lines(info.passwords, ha=True)
@@ -486,6 +506,34 @@ class Stack:
         for name in ("stack.json", HEALTH_FILE):
             (self.home / name).unlink(missing_ok=True)
         return stopped
+
+
+def add_tenant(home: Path, tenant: Tenant) -> str:
+    """Add (or change the policy of) a tenant of the running stack in ``home``: its NATS user (a new password,
+    or the one it has), its policy in the tenants file the queue reads, every NATS server's config rewritten
+    and reloaded (SIGHUP). Returns the tenant's password."""
+    info = StackInfo.load(home)
+    check_tenant_name(tenant.name, info.node_ids)
+    tenants = load_tenants(home / TENANTS_FILE)
+    tenants[tenant.name] = tenant
+    info.passwords.setdefault(tenant.name, new_password())
+    info.tenants = sorted({*info.tenants, tenant.name})
+    block = users_block(info.passwords, info.node_ids, info.tenants)
+    confs = sorted((home / "nats").glob("nats*.conf"))
+    if not confs:
+        raise StackError(f"no NATS config in {home / 'nats'}")
+    for conf in confs:
+        tmp = conf.with_suffix(".tmp")
+        tmp.write_text(replace_users(conf.read_text(), block))
+        tmp.chmod(0o600)
+        tmp.replace(conf)
+    info.save()
+    save_tenants(home / TENANTS_FILE, tenants)
+    for name in nats_servers(info.ha):
+        pid = info.pids.get(name)
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGHUP)  # nats-server reloads its config (users and permissions)
+    return info.passwords[tenant.name]
 
 
 def run_blocking(coro: Coroutine[Any, Any, None]) -> None:

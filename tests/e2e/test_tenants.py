@@ -1,0 +1,186 @@
+"""Tenants on real NATS and Redis: each submits only to its queues and up to its priority class, and sees and
+cancels only its own jobs; the admin sees all. `tide user add` adds one to a running stack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import pytest
+from tide import subjects
+from tide.cli.main import main
+from tide.client import TideClient
+from tide.schemas.events import CancelJob
+from tide.stack.auth import Tenant
+from tide.stack.launcher import Stack
+
+from tests.helpers import job, small_node
+
+TENANTS = [Tenant("alice", queues=["team-a"], max_priority="offline-training"),
+           Tenant("bob", queues=["team-b"], max_priority="online-serving")]
+
+
+def spec(name: str, queue: str, priority: str = "offline-training", gpu: int = 1, replicas: int = 1) -> dict:
+    s = job(name, ["sleep", "300"], replicas=replicas, gpu=gpu)
+    s["metadata"].update(queue=queue, priorityClass=priority)
+    return s
+
+
+@pytest.fixture
+def tenant_stack(make_stack) -> Stack:
+    return make_stack([small_node("n0", gpus=4)], tenants=TENANTS)
+
+
+async def as_user(stack: Stack, user: str) -> TideClient:
+    assert stack.info is not None
+    return await TideClient.connect(stack.info.settings_for(user))
+
+
+async def test_tenant_submits_only_to_its_queues_and_up_to_its_class(tenant_stack: Stack) -> None:
+    alice = await as_user(tenant_stack, "alice")
+    admin = await as_user(tenant_stack, "admin")
+    try:
+        other = await alice.submit(spec("x", "team-b"), job_id="alice-into-b")
+        assert not other.accepted and other.field == "metadata.queue" and "team-b" in other.reason
+        high = await alice.submit(spec("x", "team-a", "online-serving"), job_id="alice-high")
+        assert not high.accepted and high.field == "metadata.priorityClass" and "offline-training" in high.reason
+        sub = await alice.submit(spec("x", "team-a/sub"), job_id="alice-sub")  # a sub-queue of its own
+        assert sub.accepted, sub
+        ok = await alice.submit(spec("x", "team-a", "best-effort"), job_id="alice-ok")
+        assert ok.accepted, ok
+        record = (await admin.status("alice-ok"))["jobs"][0]
+        assert record["owner"] == "alice"
+    finally:
+        await alice.close()
+        await admin.close()
+
+
+async def test_tenant_sees_and_cancels_only_its_own_jobs(tenant_stack: Stack) -> None:
+    alice = await as_user(tenant_stack, "alice")
+    bob = await as_user(tenant_stack, "bob")
+    admin = await as_user(tenant_stack, "admin")
+    try:
+        assert (await bob.submit(spec("b", "team-b", "online-serving"), job_id="bob-1")).accepted
+        assert (await alice.submit(spec("a", "team-a"), job_id="alice-1")).accepted
+        assert (await admin.submit(spec("c", "default"), job_id="admin-1")).accepted
+        await bob.wait("bob-1", states={"running", "pending"}, timeout_s=20)
+        # alice cannot see bob's job, nor the admin's; her list holds only hers
+        assert await alice.job("bob-1") is None
+        assert await alice.job("admin-1") is None
+        assert [j["job_id"] for j in (await alice.status())["jobs"]] == ["alice-1"]
+        assert {j["job_id"] for j in (await admin.status())["jobs"]} >= {"bob-1", "alice-1", "admin-1"}
+        # alice's cancel of bob's job is refused by the queue; bob's own works
+        await alice.cancel("bob-1")
+        await asyncio.sleep(1.0)
+        assert (await admin.job("bob-1"))["state"] not in ("cancelled",)
+        assert not (await admin.status("bob-1"))["jobs"][0]["cancel_requested"]
+        # nor can she reuse bob's job id, or spoil its status with a rejection under that id
+        reuse = await alice.submit(spec("b", "team-a"), job_id="bob-1")
+        assert not reuse.accepted and reuse.field == "job_id"
+        assert (await bob.job("bob-1"))["state"] != "rejected"
+        await bob.cancel("bob-1")
+        done = await bob.wait("bob-1", states={"cancelled"}, timeout_s=30)
+        assert done["state"] == "cancelled"
+    finally:
+        for c in (alice, bob, admin):
+            await c.close()
+
+
+async def test_tenant_cannot_use_admin_or_other_tenants_subjects(tenant_stack: Stack) -> None:
+    info = tenant_stack.info
+    assert info is not None
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(info.nats_url, user="alice", password=info.passwords["alice"], error_cb=on_error,
+                            inbox_prefix="_INBOX_alice", max_reconnect_attempts=0)
+    try:
+        for subject in (subjects.JOB_SUBMIT, subjects.job_submit_as("bob"), subjects.JOB_CANCEL,
+                        subjects.job_cancel_as("bob"), subjects.API_STATUS, subjects.api_status_as("bob"),
+                        subjects.API_QUEUES_APPLY, "$JS.API.STREAM.INFO.JOBS"):
+            await nc.publish(subject, b"{}")
+        await nc.subscribe(subjects.EVENTS_ALL)
+        await nc.subscribe("_INBOX.>")
+        await nc.flush()
+        for _ in range(60):
+            if len(errors) >= 10:
+                break
+            await asyncio.sleep(0.05)
+        text = " ".join(str(e) for e in errors).lower()
+        for subject in ("tide.jobs.submit", "tide.jobs.submit.bob", "tide.jobs.cancel.bob", "tide.api.status.bob",
+                        "tide.api.queues.apply", "$js.api.stream.info.jobs"):
+            assert f'permissions violation for publish to "{subject}"' in text, subject
+        assert 'permissions violation for subscription to "tide.events.>"' in text
+        assert 'permissions violation for subscription to "_inbox.>"' in text
+        # a cancel forged for bob's subject never reaches the stream
+        admin = await nats.connect(info.nats_url, user="admin", password=info.passwords["admin"])
+        try:
+            forged = CancelJob(job_id="anything", reason="forged")
+            await nc.publish(subjects.job_cancel_as("bob"), forged.to_bytes())
+            await nc.flush()
+            await asyncio.sleep(0.2)
+            stream = await admin.jetstream().stream_info("JOBS", subjects_filter=subjects.JOB_CANCEL_TENANTS)
+            assert not stream.state.subjects
+        finally:
+            await admin.close()
+    finally:
+        await nc.close()
+
+
+async def test_user_add_on_a_running_stack(tenant_stack: Stack, capsys) -> None:
+    home = str(tenant_stack.home)
+    assert await asyncio.to_thread(main, ["--home", home, "user", "add", "carol", "--queues", "team-c,shared",
+                 "--max-priority", "best-effort"]) == 0
+    assert await asyncio.to_thread(main, ["--home", home, "user", "add", "admin", "--queues", "x"]) == 2  # reserved
+    assert await asyncio.to_thread(
+        main, ["--home", home, "user", "add", "dave", "--queues", "x", "--max-priority", "urgent"]) == 2
+    stack_json = json.loads((tenant_stack.home / "stack.json").read_text())
+    assert "carol" in stack_json["tenants"] and stack_json["passwords"]["carol"]
+    for _ in range(50):  # the NATS server reloads its config on SIGHUP
+        try:
+            carol = await TideClient.connect(
+                tenant_stack.info.settings_for("admin").model_copy(
+                    update={"nats_user": "carol", "nats_password": stack_json["passwords"]["carol"], "user": "carol"}))
+            break
+        except Exception:
+            await asyncio.sleep(0.1)
+    try:
+        ok = await carol.submit(spec("c", "shared", "best-effort"), job_id="carol-1")
+        assert ok.accepted, ok
+        refused = await carol.submit(spec("c", "shared"), job_id="carol-2")
+        assert not refused.accepted and refused.field == "metadata.priorityClass"
+    finally:
+        await carol.close()
+    capsys.readouterr()
+    # the CLI acts as a tenant with --user
+    assert await asyncio.to_thread(main, ["--home", home, "--user", "carol", "status", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["jobs"] if isinstance(out, dict) else out
+    assert [r["job_id"] for r in rows] == ["carol-1"]
+    assert await asyncio.to_thread(main, ["--home", home, "--user", "nobody", "status"]) == 2
+
+
+async def test_pending_limits(make_stack) -> None:
+    env = {"queue": {"TIDE_MAX_PENDING_PER_QUEUE": "3", "TIDE_MAX_PENDING_PER_TENANT": "2"}}
+    stack = make_stack([small_node("n0", gpus=2)], env=env, tenants=[Tenant("alice", queues=["team-a", "team-x"])])
+    alice = await as_user(stack, "alice")
+    admin = await as_user(stack, "admin")
+    try:  # 8 GPUs per pod on a 2-GPU node: they stay pending
+        for i in range(2):
+            assert (await alice.submit(spec("a", "team-a", gpu=8), job_id=f"a-{i}")).accepted
+        over = await alice.submit(spec("a", "team-x", gpu=8), job_id="a-2")
+        assert not over.accepted and over.field == "tenant" and "2 pending" in over.reason
+        for i in range(3):
+            assert (await admin.submit(spec("q", "team-q", gpu=8), job_id=f"q-{i}")).accepted
+        full = await admin.submit(spec("q", "team-q", gpu=8), job_id="q-3")
+        assert not full.accepted and full.field == "metadata.queue" and "team-q" in full.reason
+        assert (await admin.submit(spec("q", "team-r", gpu=8), job_id="r-0")).accepted  # another queue
+        await admin.cancel("a-0")
+        await admin.wait("a-0", states={"cancelled"}, timeout_s=20)
+        assert (await alice.submit(spec("a", "team-x", gpu=8), job_id="a-3")).accepted  # room again
+    finally:
+        await alice.close()
+        await admin.close()
