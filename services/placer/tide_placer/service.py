@@ -36,15 +36,28 @@ from tide.core.job_placement import (
     pod_name,
 )
 from tide.core.lifecycle import (
+    PLACEABLE,
     accepts_exit,
+    adoptable,
+    can_roll_back,
+    commit,
     extras_attempt,
-    holds_attempt,
+    finish_cancel,
+    gang_timed_out,
     live_floor,
-    mark_pod_exited,
-    mark_pod_started,
+    mark_unplaced,
+    nominate,
+    pod_exited,
     pod_is_current,
+    pod_started,
     pod_token,
-    reset_pod,
+    preempt,
+    preempt_extras,
+    requeue_preempted,
+    reserve,
+    reserve_extras,
+    rollback,
+    rollback_extras,
 )
 from tide.core.queue_order import pending_score
 from tide.core.queues import (
@@ -85,7 +98,6 @@ from tide_placer.view import ClusterView
 
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.placer")
-PLACEABLE = (JobState.PENDING, JobState.UNSCHEDULABLE)
 LOST_CHECK_EVERY_S = 1.0
 FENCE_SWEEP_S = 5.0
 """every pod every agent reports is checked against its job's current attempt at least this often"""
@@ -294,7 +306,7 @@ class PlacerService:
                 continue
             if not await self.claims.commit(resv):
                 continue  # lapsed meanwhile: the next reconcile rolls it back
-            await self._update(job_id, functools.partial(committed, resv=resv))
+            await self._update(job_id, functools.partial(commit, resv=resv))
             log.info("reservation_adopted", job_id=job_id, reservation=resv)
 
     async def queue_config(self) -> tuple[QueueTree, list[TideRule]]:
@@ -397,24 +409,13 @@ class PlacerService:
         return record
 
     async def _nominate(self, job_id: str, reason: str) -> None:
-        def nominate(r: JobRecord) -> bool:
-            r.nominated_at, r.reason = time.time(), reason
-            return True
-
-        await self._update(job_id, nominate)
+        await self._update(job_id, lambda r: nominate(r, reason, time.time()))
 
     async def _not_placed(self, record: JobRecord, unfit: Unfit) -> None:
         state = JobState.PENDING if unfit.resolvable else JobState.UNSCHEDULABLE
         if record.state == state and record.reason == unfit.reason:
             return
-
-        def change(r: JobRecord) -> bool:
-            if r.state not in PLACEABLE or r.cancel_requested or r.reservation:
-                return False
-            r.state, r.reason = state, unfit.reason
-            return True
-
-        updated = await self._update(record.job_id, change)
+        updated = await self._update(record.job_id, lambda r: mark_unplaced(r, state, unfit.reason))
         if updated is not None and state == JobState.UNSCHEDULABLE:
             log.info("job_unschedulable", job_id=record.job_id, reason=unfit.reason)
             await publish_job_event(self.js, updated, "unschedulable")
@@ -422,18 +423,9 @@ class PlacerService:
     async def _timed_out(self, timed_out: TimedOut) -> None:
         """A pending gang past its gangTimeoutSeconds: it fails, or its spec shrinks to minMember 1."""
         job_id = timed_out.record.job_id
-
-        def change(r: JobRecord) -> bool:
-            if r.state not in PLACEABLE or r.cancel_requested or r.reservation or r.spec != timed_out.record.spec:
-                return False
-            if timed_out.action == "fail":
-                r.state, r.finished_at = JobState.FAILED, time.time()
-            elif timed_out.spec is not None:
-                r.spec = timed_out.spec
-            r.reason = timed_out.reason
-            return True
-
-        updated = await self._update(job_id, change, dequeue=timed_out.action == "fail")
+        updated = await self._update(job_id, lambda r: gang_timed_out(
+            r, timed_out.record.spec, timed_out.action, timed_out.spec, timed_out.reason, time.time()),
+            dequeue=timed_out.action == "fail")
         if updated is None:
             return
         log.info("gang_timeout", job_id=job_id, action=timed_out.action, reason=timed_out.reason)
@@ -447,14 +439,7 @@ class PlacerService:
         chosen: list[tuple[str, str, int]] = []
 
         def mark(r: JobRecord) -> bool:
-            chosen.clear()
-            if r.state != JobState.RUNNING or r.cancel_requested:
-                return False
-            for p in r.pods:
-                if (p.index in pods and p.index >= r.spec.spec.gang_size and p.node and not p.stopping
-                        and p.state not in POD_DONE_STATES):
-                    p.stopping, p.reason = True, f"preempted by {by} ({why})"
-                    chosen.append((p.name, p.node, pod_token(r, p)))
+            chosen[:] = preempt_extras(r, pods, by, why)
             return bool(chosen)
 
         updated = await self._update(job_id, mark)
@@ -491,14 +476,7 @@ class PlacerService:
 
     async def _preempt(self, job_id: str, by: str, why: str) -> None:
         """Stop a running job gracefully (checkpoint notice, SIGTERM, grace, SIGKILL) and requeue it."""
-        def mark(r: JobRecord) -> bool:
-            if r.state != JobState.RUNNING:
-                return False
-            r.state, r.reason, r.preempted_by = JobState.PREEMPTED, f"preempted by {by} ({why})", by
-            r.preemptions += 1
-            return True
-
-        updated = await self._update(job_id, mark)
+        updated = await self._update(job_id, lambda r: preempt(r, by, why))
         if updated is None:
             return
         await publish_job_event(self.js, updated, "checkpoint", reason="checkpoint now: preemption follows")
@@ -507,16 +485,7 @@ class PlacerService:
         self._kick.set()
 
     async def _requeue_preempted(self, job_id: str) -> None:
-        def back(r: JobRecord) -> bool:
-            if r.state != JobState.PREEMPTED or any(p.node and p.state not in POD_DONE_STATES for p in r.pods):
-                return False
-            r.state, r.reason = JobState.PENDING, f"requeued after preemption by {r.preempted_by}"
-            r.queued_at = time.time()
-            for p in r.pods:
-                reset_pod(p)
-            return True
-
-        updated = await self._update(job_id, back)
+        updated = await self._update(job_id, lambda r: requeue_preempted(r, time.time()))
         if updated is not None:
             await self.jobs.stop_done(job_id)
             await self.jobs.requeue(job_id, pending_score_of(updated))
@@ -556,35 +525,10 @@ class PlacerService:
             self.view.invalidate()  # Redis refused what the view thought was free
             return None
 
+        pods = {p.pod_index: (p.alloc.node_id, [g.uuid for g in assignments[p.pod_index]]) for p in placements}
+
         def assign(r: JobRecord) -> bool:
-            if r.cancel_requested or r.attempts != attempt - 1:
-                return False
-            if grow:
-                pods = {p.index: p for p in r.pods}
-                if r.state != JobState.RUNNING or r.reservation or any(
-                        p.pod_index in pods and pods[p.pod_index].node for p in placements):
-                    return False
-                for pod in r.pods:  # the running pods keep their token
-                    if pod.node and pod.attempt is None:
-                        pod.attempt = r.attempts
-                r.attempts, r.reservation = attempt, resv
-            else:
-                if r.state not in PLACEABLE or (r.spec != record.spec and r.spec.spec.gang_size > 1):
-                    return False
-                r.spec = record.spec  # a gang shrunk by its timeout
-                r.state, r.reason, r.attempts, r.reservation = JobState.PENDING, "starting", attempt, resv
-                r.nominated_at = None
-            have = {p.index for p in r.pods}
-            r.pods.extend(PodRecord(name=pod_name(job_id, i), index=i)
-                          for i in sorted({p.pod_index for p in placements} - have))
-            r.pods.sort(key=lambda p: p.index)
-            by_index = {p.index: p for p in r.pods}
-            for p in placements:
-                pod = by_index[p.pod_index]
-                pod.node, pod.state, pod.attempt, pod.stopping = p.alloc.node_id, PodState.STARTING, attempt, False
-                pod.gpus = [g.uuid for g in assignments[p.pod_index]]
-                pod.exit_code = pod.reason = None
-            return True
+            return reserve_extras(r, attempt, resv, pods) if grow else reserve(r, attempt, resv, pods, record.spec)
 
         updated = await self._update(job_id, assign, dequeue=not grow)
         if updated is None:  # cancelled, or another placer got there first: not a stale view
@@ -664,7 +608,7 @@ class PlacerService:
             if not await self.claims.commit(resv):
                 await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
                 return
-            await self._update(job_id, lambda r: committed(r, resv))
+            await self._update(job_id, lambda r: commit(r, resv))
             log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements), extras=reserved.grow)
 
     async def _send(self, node_id: str, command: StartPod | StopPod) -> str:
@@ -700,7 +644,7 @@ class PlacerService:
     async def _rollback(self, job_id: str, attempt: int, why: str, bad_nodes: list[str] | None = None) -> None:
         """Undo an attempt whole: stop its live pods, release every claim, requeue with backoff."""
         record = await self.jobs.get(job_id)
-        if record is None or not holds_attempt(record, attempt) or record.state in TERMINAL_STATES:
+        if record is None or not can_roll_back(record, attempt):
             return
         if extras_attempt(record, attempt):
             await self._rollback_extras(record, attempt, why, bad_nodes or [])
@@ -711,19 +655,7 @@ class PlacerService:
         await self._stop_now(record, live, skip)
         await self.claims.release([keys.claim(job_id, p.name) for p in record.pods], record.reservation or "")
         backoff = self.settings.requeue_backoff_s * 2 ** min(attempt - 1, 6)
-
-        def back_to_pending(r: JobRecord) -> bool:
-            if not holds_attempt(r, attempt) or r.state in TERMINAL_STATES:
-                return False
-            r.state, r.reason, r.reservation = JobState.PENDING, f"requeued: {why}", None
-            r.not_before = time.time() + backoff
-            r.queued_at = time.time()
-            r.avoid_nodes = sorted(set(r.avoid_nodes) | skip)
-            for p in r.pods:
-                reset_pod(p)
-            return True
-
-        updated = await self._update(job_id, back_to_pending)
+        updated = await self._update(job_id, lambda r: rollback(r, attempt, why, skip, backoff, time.time()))
         if updated is None:
             return
         if updated.cancel_requested:
@@ -756,19 +688,8 @@ class PlacerService:
         await self._stop_now(record, [p for p in pods if p.state not in POD_DONE_STATES], skip)
         resv = record.reservation if record.reservation == keys.reservation_id(job_id, attempt) else ""
         await self.claims.release([keys.claim(job_id, p.name) for p in pods], resv)
-
-        def back(r: JobRecord) -> bool:
-            if not extras_attempt(r, attempt):
-                return False
-            if r.reservation == keys.reservation_id(job_id, attempt):
-                r.reservation = None
-            r.avoid_nodes = sorted(set(r.avoid_nodes) | skip)
-            for p in r.pods:
-                if p.node and pod_token(r, p) == attempt:
-                    reset_pod(p)
-            return True
-
-        updated = await self._update(job_id, back)
+        attempt_resv = keys.reservation_id(job_id, attempt)
+        updated = await self._update(job_id, lambda r: rollback_extras(r, attempt, attempt_resv, skip))
         if updated is not None:
             await publish_job_event(self.js, updated, "extras-requeued", reason=f"elastic extras: {why}")
             self._kick.set()
@@ -800,13 +721,7 @@ class PlacerService:
                         exit_code=None, reason=ExitReason.STOPPED, message=err))
 
     async def _finish_cancel(self, job_id: str) -> None:
-        def cancel(r: JobRecord) -> bool:
-            if r.state in TERMINAL_STATES:
-                return False
-            r.state, r.finished_at = JobState.CANCELLED, time.time()
-            return True
-
-        updated = await self._update(job_id, cancel)
+        updated = await self._update(job_id, lambda r: finish_cancel(r, time.time()))
         if updated is not None:
             await self.jobs.dequeue(job_id)
             await publish_job_event(self.js, updated, "cancelled")
@@ -999,11 +914,10 @@ class PlacerService:
         turned: list[bool] = []
 
         def change(r: JobRecord) -> bool:
-            p = next((p for p in r.pods if p.name == pod), None)
-            if p is None or pod_token(r, p) != attempt or p.node != started.node_id:
-                return False
-            turned.append(mark_pod_started(r, pod))
-            return True
+            outcome = pod_started(r, pod, attempt, started.node_id, time.time())
+            if outcome is not None:
+                turned.append(outcome)
+            return outcome is not None
 
         record = await self._update(started.job_id, change)
         if record is None:  # an attempt that is over (rolled back, requeued): that pod must not run
@@ -1033,12 +947,10 @@ class PlacerService:
         named = exited.model_copy(update={"pod": pod})
 
         def change(r: JobRecord) -> bool:
-            if not accepts_exit(r, pod, attempt, exited.node_id):
-                return False
-            if exited.checkpointed:
-                r.last_checkpoint_at = exited.ts
-            outcome.append(mark_pod_exited(r, named))
-            return True
+            result = pod_exited(r, named, attempt, time.time())
+            if result is not None:
+                outcome.append(result)
+            return result is not None
 
         record = await self._update(exited.job_id, change)
         self._kick.set()
@@ -1100,21 +1012,7 @@ async def _set_when(target: asyncio.Event, *events: asyncio.Event) -> None:
     target.set()
 
 
-def committed(record: JobRecord, resv: str) -> bool:
-    """The record change after reservation ``resv`` was committed (False: the record moved on)."""
-    if record.reservation != resv:
-        return False
-    record.reservation, record.avoid_nodes = None, []
-    return True
-
-
-def adoptable(record: JobRecord, resv: str, attempt: int) -> bool:
-    """A reservation another placer left can be committed by the leader: the record still names it, the job
-    is running, and every pod of that attempt has started and not exited."""
-    if record.reservation != resv or record.state != JobState.RUNNING or record.cancel_requested:
-        return False
-    pods = [p for p in record.pods if p.node and pod_token(record, p) == attempt]
-    return bool(pods) and all(p.state == PodState.RUNNING for p in pods)
+committed = commit  # the transition's former name here (``tide.core.lifecycle.commit``)
 
 
 def status_order_key(msg: Msg) -> str:

@@ -1,13 +1,32 @@
-"""How a pod's start or exit changes its job (pure decisions on a JobRecord)."""
+"""The job and pod state machine: pure transitions of a JobRecord (the clock is passed in as ``now``).
+
+Every transition changes the record it is given in place and returns whether it applied; a refused
+transition (the record moved on: another attempt, a cancel, a terminal state) leaves it unchanged. The
+placer only applies these inside its atomic record updates; see docs/architecture.md for the table.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Mapping
 
-from tide.schemas.events import POD_DONE_STATES, ExitReason, JobRecord, JobState, PodExited, PodRecord, PodState
+from tide.core.job_placement import pod_name
+from tide.schemas.events import (
+    POD_DONE_STATES,
+    TERMINAL_STATES,
+    ExitReason,
+    JobRecord,
+    JobState,
+    PodExited,
+    PodRecord,
+    PodState,
+)
+from tide.schemas.job import JobSpec
+
+PLACEABLE = (JobState.PENDING, JobState.UNSCHEDULABLE)
 
 
-def mark_pod_started(record: JobRecord, pod: str) -> bool:
+def mark_pod_started(record: JobRecord, pod: str, now: float | None = None) -> bool:
     """Mark a pod running; the job turns running when every pod placed with its gang has started (elastic
     extras not placed yet do not count). Returns the job turned.
 
@@ -21,7 +40,7 @@ def mark_pod_started(record: JobRecord, pod: str) -> bool:
     if record.state == JobState.PENDING and started:
         record.state = JobState.RUNNING
         record.reason = ""
-        record.started_at = time.time()
+        record.started_at = time.time() if now is None else now
         return True
     return False
 
@@ -32,12 +51,14 @@ def reset_pod(p: PodRecord) -> None:
         False, None
 
 
-def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | None, list[str]]:
+def mark_pod_exited(record: JobRecord, exited: PodExited, now: float | None = None
+                    ) -> tuple[JobState | None, list[str]]:
     """Record a pod's exit. Returns (the job's new terminal state or None, pods still to stop).
 
     Elastic jobs: an extra pod (index >= minMember) stopped while its job runs (a pod-level preemption)
     wants placement again; the job succeeds when its minMember pods succeeded and every other pod that
     ran exited 0 (a stopped extra is not a failure)."""
+    now = time.time() if now is None else now
     gang = record.spec.spec.gang_size
     for p in record.pods:
         if (p.name == exited.pod and p.index >= gang and exited.reason in (ExitReason.STOPPED, ExitReason.LOST)
@@ -59,7 +80,7 @@ def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | No
     if record.cancel_requested:
         if not live:
             record.state = JobState.CANCELLED
-            record.finished_at = time.time()
+            record.finished_at = now
             return JobState.CANCELLED, []
         return None, live
     failed = [p for p in record.pods if p.state == PodState.FAILED]
@@ -68,15 +89,224 @@ def mark_pod_exited(record: JobRecord, exited: PodExited) -> tuple[JobState | No
         why = "OOM" if first.reason == ExitReason.OOM.value else f"exited with code {first.exit_code}"
         record.state = JobState.FAILED
         record.reason = f"pod {first.name} {why}" + (f": {exited.message}" if exited.message else "")
-        record.finished_at = time.time()
+        record.finished_at = now
         return JobState.FAILED, live
     if all(p.state == PodState.SUCCEEDED if p.index < gang else p.state in POD_DONE_STATES or p.node is None
            for p in record.pods) and any(p.state == PodState.SUCCEEDED for p in record.pods):
         record.state = JobState.SUCCEEDED
         record.reason = ""
-        record.finished_at = time.time()
+        record.finished_at = now
         return JobState.SUCCEEDED, []
     return None, []
+
+
+# ---------------------------------------------------------------- job transitions
+# Each takes the record as read (and ``now``) and applies only when the record is still where the
+# caller saw it; the placer retries them on a fresh copy when the record changed under it.
+
+
+def nominate(record: JobRecord, reason: str, now: float) -> bool:
+    """The job started preempting victims to fit: the wait for them is timed from ``now``."""
+    record.nominated_at, record.reason = now, reason
+    return True
+
+
+def mark_unplaced(record: JobRecord, state: JobState, reason: str) -> bool:
+    """A cycle could not place a waiting job: it stays pending (it may fit later) or turns unschedulable.
+    Refused once the job is reserved, cancelled, or no longer waiting."""
+    if record.state not in PLACEABLE or record.cancel_requested or record.reservation:
+        return False
+    record.state, record.reason = state, reason
+    return True
+
+
+def gang_timed_out(record: JobRecord, seen: JobSpec, action: str, shrunk: JobSpec | None, reason: str,
+                   now: float) -> bool:
+    """A waiting gang past its gangTimeoutSeconds: ``action`` "fail" fails it, else its spec becomes
+    ``shrunk`` (minMember 1). Refused when the job is reserved, cancelled, no longer waiting, or its spec
+    is not the one the timeout was judged on (``seen``)."""
+    if record.state not in PLACEABLE or record.cancel_requested or record.reservation or record.spec != seen:
+        return False
+    if action == "fail":
+        record.state, record.finished_at = JobState.FAILED, now
+    elif shrunk is not None:
+        record.spec = shrunk
+    record.reason = reason
+    return True
+
+
+def preempt(record: JobRecord, by: str, why: str) -> bool:
+    """Preempt a running job (its pods are then stopped gracefully); refused unless it runs."""
+    if record.state != JobState.RUNNING:
+        return False
+    record.state, record.reason, record.preempted_by = JobState.PREEMPTED, f"preempted by {by} ({why})", by
+    record.preemptions += 1
+    return True
+
+
+def preempt_extras(record: JobRecord, indices: Collection[int], by: str, why: str) -> list[tuple[str, str, int]]:
+    """Mark elastic extra pods (index >= minMember) of a running job stopping (pod-level preemption).
+    Returns (pod, node, token) of each pod to stop; empty: refused (the job does not run, is being
+    cancelled, or none of those pods is placed, live and not already stopping)."""
+    if record.state != JobState.RUNNING or record.cancel_requested:
+        return []
+    chosen = []
+    for p in record.pods:
+        if (p.index in indices and p.index >= record.spec.spec.gang_size and p.node and not p.stopping
+                and p.state not in POD_DONE_STATES):
+            p.stopping, p.reason = True, f"preempted by {by} ({why})"
+            chosen.append((p.name, p.node, pod_token(record, p)))
+    return chosen
+
+
+def requeue_preempted(record: JobRecord, now: float) -> bool:
+    """A preempted job whose last pod is gone waits for placement again; refused while a pod still runs."""
+    if record.state != JobState.PREEMPTED or any(p.node and p.state not in POD_DONE_STATES for p in record.pods):
+        return False
+    record.state, record.reason = JobState.PENDING, f"requeued after preemption by {record.preempted_by}"
+    record.queued_at = now
+    for p in record.pods:
+        reset_pod(p)
+    return True
+
+
+def _place(record: JobRecord, attempt: int, pods: Mapping[int, tuple[str, list[str]]]) -> None:
+    have = {p.index for p in record.pods}
+    record.pods.extend(PodRecord(name=pod_name(record.job_id, i), index=i) for i in sorted(set(pods) - have))
+    record.pods.sort(key=lambda p: p.index)
+    by_index = {p.index: p for p in record.pods}
+    for index, (node, gpus) in pods.items():
+        pod = by_index[index]
+        pod.node, pod.state, pod.attempt, pod.stopping = node, PodState.STARTING, attempt, False
+        pod.gpus = list(gpus)
+        pod.exit_code = pod.reason = None
+
+
+def reserve(record: JobRecord, attempt: int, resv: str, pods: Mapping[int, tuple[str, list[str]]],
+            spec: JobSpec) -> bool:
+    """Record attempt ``attempt`` (the next fencing token) of a waiting job under reservation ``resv``:
+    ``pods`` maps pod index to (node, GPU UUIDs); ``spec`` is the spec it was placed with (a gang its
+    timeout shrank). Refused when the job is cancelled, another attempt got there first, it no longer
+    waits, or its gang spec changed meanwhile."""
+    if record.cancel_requested or record.attempts != attempt - 1:
+        return False
+    if record.state not in PLACEABLE or (record.spec != spec and record.spec.spec.gang_size > 1):
+        return False
+    record.spec = spec
+    record.state, record.reason, record.attempts, record.reservation = JobState.PENDING, "starting", attempt, resv
+    record.nominated_at = None
+    _place(record, attempt, pods)
+    return True
+
+
+def reserve_extras(record: JobRecord, attempt: int, resv: str, pods: Mapping[int, tuple[str, list[str]]]) -> bool:
+    """Record attempt ``attempt`` placing only elastic extras of a job running on its gang; its running
+    pods keep their own token. Refused when the job is cancelled, another attempt got there first, it
+    does not run, has an open reservation, or one of those pods is placed already."""
+    if record.cancel_requested or record.attempts != attempt - 1:
+        return False
+    placed = {p.index: p for p in record.pods}
+    if record.state != JobState.RUNNING or record.reservation or any(
+            i in placed and placed[i].node for i in pods):
+        return False
+    for pod in record.pods:  # the running pods keep their token
+        if pod.node and pod.attempt is None:
+            pod.attempt = record.attempts
+    record.attempts, record.reservation = attempt, resv
+    _place(record, attempt, pods)
+    return True
+
+
+def commit(record: JobRecord, resv: str) -> bool:
+    """Every pod of reservation ``resv`` started: it is committed (False: the record moved on)."""
+    if record.reservation != resv:
+        return False
+    record.reservation, record.avoid_nodes = None, []
+    return True
+
+
+def adoptable(record: JobRecord, resv: str, attempt: int) -> bool:
+    """A reservation another placer left can be committed by the leader: the record still names it, the job
+    is running, and every pod of that attempt has started and not exited."""
+    if record.reservation != resv or record.state != JobState.RUNNING or record.cancel_requested:
+        return False
+    pods = [p for p in record.pods if p.node and pod_token(record, p) == attempt]
+    return bool(pods) and all(p.state == PodState.RUNNING for p in pods)
+
+
+def can_roll_back(record: JobRecord | None, attempt: int) -> bool:
+    """Can ``attempt`` still be undone: the job exists, holds that attempt and has not ended?"""
+    return record is not None and holds_attempt(record, attempt) and record.state not in TERMINAL_STATES
+
+
+def rollback(record: JobRecord, attempt: int, why: str, avoid: Collection[str], backoff_s: float,
+             now: float) -> bool:
+    """Undo attempt ``attempt`` whole: the job waits again, not before ``now + backoff_s``, avoiding the
+    nodes ``avoid``; every pod wants placement again. Refused for an attempt the job no longer holds (an
+    older one) and for a job that ended."""
+    if not can_roll_back(record, attempt):
+        return False
+    record.state, record.reason, record.reservation = JobState.PENDING, f"requeued: {why}", None
+    record.not_before = now + backoff_s
+    record.queued_at = now
+    record.avoid_nodes = sorted(set(record.avoid_nodes) | set(avoid))
+    for p in record.pods:
+        reset_pod(p)
+    return True
+
+
+def rollback_extras(record: JobRecord, attempt: int, resv: str, avoid: Collection[str]) -> bool:
+    """Undo an attempt that placed only elastic extras (``resv``: its reservation): those pods want
+    placement again, the job keeps running on its gang. Refused unless ``attempt`` is such an attempt."""
+    if not extras_attempt(record, attempt):
+        return False
+    if record.reservation == resv:
+        record.reservation = None
+    record.avoid_nodes = sorted(set(record.avoid_nodes) | set(avoid))
+    for p in record.pods:
+        if p.node and pod_token(record, p) == attempt:
+            reset_pod(p)
+    return True
+
+
+def request_cancel(record: JobRecord, reason: str, now: float) -> bool:
+    """A user cancels the job: a waiting job with no placed pod is cancelled at once, any other is marked
+    (its pods are stopped, then ``finish_cancel``). Refused for a job that ended or is already cancelling."""
+    if record.state in TERMINAL_STATES or record.cancel_requested:
+        return False
+    record.cancel_requested = True
+    record.reason = reason
+    if record.state in PLACEABLE and not any(p.node for p in record.pods):
+        record.state = JobState.CANCELLED
+        record.finished_at = now
+    return True
+
+
+def finish_cancel(record: JobRecord, now: float) -> bool:
+    """The job is cancelled (its pods are gone); refused for a job that ended."""
+    if record.state in TERMINAL_STATES:
+        return False
+    record.state, record.finished_at = JobState.CANCELLED, now
+    return True
+
+
+def pod_started(record: JobRecord, pod: str, attempt: int, node: str, now: float) -> bool | None:
+    """A pod of attempt ``attempt`` reports it started on ``node``. None: refused (not that pod's token or
+    node: an attempt that is over, whose pod must be stopped); else whether the job turned running."""
+    if not accepts_start(record, pod, attempt, node):
+        return None
+    return mark_pod_started(record, pod, now)
+
+
+def pod_exited(record: JobRecord, exited: PodExited, attempt: int, now: float
+               ) -> tuple[JobState | None, list[str]] | None:
+    """A pod (``exited.pod``: its name) of attempt ``attempt`` exited. None: refused (not the current
+    token: see ``accepts_exit``); else ``mark_pod_exited``'s outcome. A checkpointed exit records it."""
+    if not accepts_exit(record, exited.pod, attempt, exited.node_id):
+        return None
+    if exited.checkpointed:
+        record.last_checkpoint_at = exited.ts
+    return mark_pod_exited(record, exited, now)
 
 
 # ---------------------------------------------------------------- fencing
@@ -121,6 +351,13 @@ def pod_is_current(record: JobRecord | None, pod: str, attempt: int, node: str) 
         return False
     p = next((p for p in record.pods if p.name == pod), None)
     return p is not None and pod_token(record, p) == attempt and p.node == node and p.state not in POD_DONE_STATES
+
+
+def accepts_start(record: JobRecord, pod: str, attempt: int, node: str) -> bool:
+    """A pod-started counts for the pod's current token on the node the record places it on (the pod may
+    have exited already: a short pod)."""
+    p = next((p for p in record.pods if p.name == pod), None)
+    return p is not None and pod_token(record, p) == attempt and p.node == node
 
 
 def accepts_exit(record: JobRecord | None, pod: str, attempt: int, node: str) -> bool:
