@@ -18,7 +18,7 @@ NOW = 1000.0
 
 
 def record(job_id: str, gpu: int, priority: str = "offline-training", state: JobState = JobState.PENDING,
-           started_at: float | None = 0.0, preemptible: bool | None = None,
+           started_at: float | None = NOW - 300.0, preemptible: bool | None = None,
            last_checkpoint_at: float | None = None) -> JobRecord:
     spec: dict = {"metadata": {"name": job_id, "priorityClass": priority},
                   "spec": {"template": {"command": ["x"], "resources": {"gpu": gpu}}}}
@@ -249,3 +249,14 @@ def test_plan_cycle_moves_then_binds_the_blocked_job_and_the_moved_ones() -> Non
     bound = {b.record.job_id: {p.alloc.node_id for p in b.placements} for b in second.binds}
     assert set(bound) == {"big", *moved}
     assert all(bound["big"].isdisjoint(bound[j]) for j in moved)
+
+
+def test_a_job_far_past_its_last_checkpoint_is_not_moved() -> None:
+    """A move restarts a job from its last checkpoint: one 20 minutes past it is not moved, one that
+    checkpointed a minute ago is."""
+    nodes, running = fragmented(started_at=NOW - 1200.0)
+    big = record("big", 8)
+    assert consolidate_for(context(nodes, running, [big]), big, set(), None) is None
+    nodes, running = fragmented(started_at=NOW - 1200.0, last_checkpoint_at=NOW - 60.0)
+    moves = consolidate_for(context(nodes, running, [big]), big, set(), None)
+    assert moves is not None and all(m.work_lost_s == 60.0 for m in moves)

@@ -6,7 +6,8 @@ The rule. A pending job that does not fit may move running jobs when all of thes
 - a moved job is *movable*: running (not stopping), preemptible (not ``preemptible: false``, not of a
   class that is not), of the pending job's priority or lower, past its minimum runtime (the larger of its
   queue's, or the config's, ``minRuntime.priority`` and ``minRuntime.reclaim``; best-effort work has
-  none, as in ``preempt``), and *checkpointable*. The job spec has no checkpoint flag (only the
+  none, as in ``preempt``), at most ``MAX_WORK_LOST_S`` (10 min) past its start or last acknowledged
+  checkpoint (a move restarts it from there: only cheap moves), and *checkpointable*. The job spec has no checkpoint flag (only the
   record's ``last_checkpoint_at``, what a job acknowledged), so a job counts as checkpointable when its
   class is ``best-effort`` or ``offline-training``: ``online-serving`` is never moved. An elastic job
   (``replicas`` above ``minMember``) is not moved either: only its gang is sure to be placed again;
@@ -63,6 +64,7 @@ from tide.schemas.job import PRIORITY_VALUES, PriorityClass
 
 MAX_MOVES = 4  # jobs moved for one pending job, at most
 MAX_SEARCHES = 8  # pending jobs searched for in one cycle, at most
+MAX_WORK_LOST_S = 600.0  # a job is moved only if it ran at most this long since its start or last checkpoint
 MAX_STARTS = 8  # start nodes tried, at most
 CHECKPOINTABLE_CLASSES = frozenset({PriorityClass.BEST_EFFORT, PriorityClass.OFFLINE_TRAINING})
 
@@ -112,8 +114,10 @@ def movable_jobs(ctx: CycleContext, record: JobRecord) -> list[Movable]:
         started = job.started_at if job.started_at is not None else now
         if now - started < min_runtime:
             continue
-        out.append(Movable(job, tuple(allocs), job_demand(job.spec)["gpu"],
-                           now - max(started, job.last_checkpoint_at or 0.0)))
+        work_lost_s = now - max(started, job.last_checkpoint_at or 0.0)
+        if work_lost_s > MAX_WORK_LOST_S:
+            continue  # a move restarts it from its last checkpoint: only cheap moves are worth a start
+        out.append(Movable(job, tuple(allocs), job_demand(job.spec)["gpu"], work_lost_s))
     return sorted(out, key=Movable.cost)
 
 

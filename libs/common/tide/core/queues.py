@@ -74,7 +74,7 @@ class FairSharing:
     ``threshold`` (hysteresis, in dominant-share units), is still below the victim queue's share after
     the eviction may take that queue's borrowed work."""
 
-    enabled: bool = True
+    enabled: bool = False  # opt-in, as Kueue's FairSharing (reclaim costs work: every move is a restart)
     threshold: float = 0.05
 
 
@@ -154,7 +154,7 @@ class QueueTree:
         fair = dict(raw.get("fairSharing") or {})  # type: ignore[call-overload]
         if set(fair) - {"enabled", "threshold"}:
             raise ValueError("fairSharing: only enabled (bool) and threshold (dominant share, 0..1)")
-        fair_sharing = FairSharing(bool(fair.get("enabled", True)), float(fair.get("threshold", 0.05)))
+        fair_sharing = FairSharing(bool(fair.get("enabled", False)), float(fair.get("threshold", 0.05)))
         if not 0 <= fair_sharing.threshold <= 1:
             raise ValueError("fairSharing.threshold must be within 0..1")
         return cls(queues, MinRuntime.parse(raw.get("minRuntime"), "queue config") or MinRuntime(), classes,
