@@ -277,7 +277,8 @@ def test_reclaim_has_its_own_minimum_runtime() -> None:
 def test_fair_share_reclaim_converges_without_churn() -> None:
     # no guarantees, equal weights: b reclaims from a while its share after admission plus the threshold
     # stays below a's share after the eviction; then nothing moves any more
-    tree = QueueTree.from_config({"queues": [{"name": "a"}, {"name": "b"}], "fairSharing": {"enabled": True, "threshold": 0.05}})
+    tree = QueueTree.from_config({"queues": [{"name": "a"}, {"name": "b"}],
+                                  "fairSharing": {"enabled": True, "threshold": 0.05}})
     drive = Drive([small_node("n0", gpus=8)], tree)
     for _ in range(8):
         drive.run(spec("a", 1, "a"))
