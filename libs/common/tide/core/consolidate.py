@@ -9,8 +9,9 @@ The rule. A pending job that does not fit may move running jobs when all of thes
   none, as in ``preempt``), at most ``MAX_WORK_LOST_S`` (10 min) past its start or last acknowledged
   checkpoint (a move restarts it from there: only cheap moves), and *checkpointable*. The job spec has
   no checkpoint flag (only the record's ``last_checkpoint_at``, what a job acknowledged), so a job
-  counts as checkpointable when its class is ``best-effort`` or ``offline-training``: ``online-serving`` is never moved. An elastic job
-  (``replicas`` above ``minMember``) is not moved either: only its gang is sure to be placed again;
+  counts as checkpointable when its class is ``best-effort`` or ``offline-training``: ``online-serving``
+  is never moved. An elastic job (``replicas`` above ``minMember``) is not moved either: only its gang is
+  sure to be placed again;
 - on a what-if copy of the cluster, once the moved jobs' claims are released, the pending job fits, and
   then every moved job fits again on what is left (biggest first, each on its own view of the cluster,
   avoiding the nodes it may not use). So the work that runs does not shrink: nothing is evicted for good;
