@@ -115,7 +115,7 @@ class MetricsService:
         )
         self._instruments(provider.get_meter("tide.metrics"))
         self.redis: Redis = redis_for(self.settings)
-        self.nc = await connect(self.settings, "tide-metrics")
+        self.nc = await connect(self.settings, "tide-metrics", inbox_prefix="_INBOX_metrics")  # its own only
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
         self.feedback = FeedbackLoop(

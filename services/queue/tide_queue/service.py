@@ -28,7 +28,7 @@ from tide.schemas.events import (
     SubmitJob,
 )
 from tide.settings import Settings
-from tide.stack.auth import Tenant, load_tenants
+from tide.stack.auth import Tenant, load_tenants, service_inbox_prefix
 from tide.store import keys
 from tide.store.jobs import JobStore
 from tide.store.redis import redis_for
@@ -61,7 +61,7 @@ class QueueService:
         return self._tenants
 
     async def start(self) -> None:
-        self.nc = await connect(self.settings, "tide-queue")
+        self.nc = await connect(self.settings, "tide-queue", inbox_prefix=service_inbox_prefix("queue"))
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
         self.redis = redis_for(self.settings)

@@ -17,7 +17,6 @@ from tide.store import keys
 
 SERVICES = ("queue", "placer", "metrics")
 JS_API = "$JS.API.>"
-JS_ACK = "$JS.ACK.>"
 INBOX = "_INBOX.>"
 
 
@@ -25,22 +24,48 @@ def new_password() -> str:
     return secrets.token_hex(16)
 
 
+def js_stream_lookup() -> list[str]:
+    """Look up every stream (``ensure_streams`` checks them; only the queue may create or change one)."""
+    return [f"$JS.API.STREAM.INFO.{sd.name}" for sd in subjects.STREAMS]
+
+
+def js_stream_admin() -> list[str]:
+    return [f"$JS.API.STREAM.{op}.{sd.name}" for sd in subjects.STREAMS for op in ("CREATE", "UPDATE")]
+
+
+def js_consumer(cdef: subjects.ConsumerDef) -> list[str]:
+    """The JetStream API calls and acks of one durable pull consumer (``tide.bus.nats.consume``) and no other."""
+    at = f"{cdef.stream}.{cdef.durable}"
+    return [f"$JS.API.CONSUMER.CREATE.{at}", f"$JS.API.CONSUMER.CREATE.{at}.>", f"$JS.API.CONSUMER.DURABLE.CREATE.{at}",
+            f"$JS.API.CONSUMER.INFO.{at}", f"$JS.API.CONSUMER.MSG.NEXT.{at}", f"$JS.ACK.{at}.>"]
+
+
+def service_inbox_prefix(name: str) -> str:
+    """The only inbox prefix a service may subscribe to (its requests' and JetStream publishes' replies)."""
+    return f"_INBOX_{name}"
+
+
 def service_permissions() -> dict[str, dict[str, list[str]]]:
     return {
-        "queue": {
-            "publish": [subjects.JOB_REJECTED, subjects.EVENTS_ALL, subjects.PLACER_KICK, JS_API, JS_ACK],
+        "queue": {  # creates the streams where `tide up` did not (compose); its own intake consumer
+            "publish": [subjects.JOB_REJECTED, subjects.EVENTS_ALL, subjects.PLACER_KICK, *js_stream_lookup(),
+                        *js_stream_admin(), *js_consumer(subjects.QUEUE_INTAKE)],
             "subscribe": [subjects.API_STATUS, subjects.API_STATUS_TENANTS, subjects.API_QUEUES,
-                          subjects.API_QUEUES_APPLY, INBOX],
+                          subjects.API_QUEUES_APPLY, f"{service_inbox_prefix('queue')}.>"],
         },
         "placer": {
-            "publish": [subjects.EVENTS_ALL, "tide.node.*.cmd", JS_API, JS_ACK],
+            "publish": [subjects.EVENTS_ALL, "tide.node.*.cmd", *js_stream_lookup(),
+                        *js_consumer(subjects.PLACER_NODE_STATUS)],
+            # _INBOX.>: until the placer connects with inbox_prefix="_INBOX_placer" (then that prefix only)
             "subscribe": [subjects.PLACER_KICK, subjects.API_NODES, subjects.TELEMETRY_ALL,
-                          subjects.PLACER_WEIGHTS, INBOX],
+                          subjects.PLACER_WEIGHTS, INBOX, f"{service_inbox_prefix('placer')}.>"],
         },
         "metrics": {
             # tide.jobs.submit: the feedback loop resubmits OOM-failed jobs with a larger share
-            "publish": [subjects.PLACER_WEIGHTS, subjects.JOB_SUBMIT, JS_API, JS_ACK],
-            "subscribe": [subjects.EVENTS_ALL, subjects.TELEMETRY_ALL, subjects.API_WEIGHTS, INBOX],
+            "publish": [subjects.PLACER_WEIGHTS, subjects.JOB_SUBMIT, *js_stream_lookup(),
+                        *js_consumer(subjects.METRICS_EVENTS)],
+            "subscribe": [subjects.EVENTS_ALL, subjects.TELEMETRY_ALL, subjects.API_WEIGHTS,
+                          f"{service_inbox_prefix('metrics')}.>"],
         },
         # people and scripts: submit, cancel, ask, watch
         "admin": {

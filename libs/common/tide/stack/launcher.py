@@ -317,6 +317,8 @@ class Stack:
         self._spawn("redis", [redis_server_binary(), str(rconf)], {})
         wait_tcp(HOST, nats_port)
         wait_tcp(HOST, redis_port)
+        run_blocking(wait_for_jetstream(info, 60.0))  # the streams, once, as admin: the placer and metrics may
+        # only look them up (docs/security.md)
 
     def _start_ha_servers(self, info: StackInfo) -> None:
         """Three clustered NATS servers (each with JetStream), then a Redis primary, its replica and three
@@ -678,7 +680,7 @@ async def wait_for_jetstream(info: StackInfo, timeout_s: float) -> None:
         while True:
             try:
                 await js.account_info()
-                await ensure_streams(js, HA_SIZE)  # once here, not three services at once
+                await ensure_streams(js, HA_SIZE if info.ha else 1)  # once here, not three services at once
                 return
             except Exception as exc:
                 if time.monotonic() > deadline:
