@@ -40,13 +40,23 @@ CHECKPOINT_ENV = "TIDE_CHECKPOINT_FILE"
 CHECKPOINT_POLL_S = 0.05
 
 
+AGENT_ONLY_PREFIXES = ("TIDE_NATS_", "TIDE_REDIS_")
+SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "CREDENTIAL")
+
+
+def agent_secret(name: str) -> bool:
+    """A variable of the agent's environment that a pod must not inherit: its NATS and Redis settings and any
+    ``TIDE_*`` whose name says it is a secret (docs/security.md)."""
+    return name.startswith(AGENT_ONLY_PREFIXES) or (name.startswith("TIDE_") and any(w in name for w in SECRET_WORDS))
+
+
 def pod_environment(cmd: StartPod, base: dict[str, str], gpu_uuids: list[str] | None = None,
                     mps_dirs: tuple[Path, Path] | None = None) -> dict[str, str]:
     """The pod's environment: GPUs (or MIG instances) by UUID, MPS limits for shares, gang coordinates.
 
     ``gpu_uuids`` overrides the assignment's UUIDs (the agent resolves MIG instances to their real UUIDs).
     """
-    env = dict(base)
+    env = {k: v for k, v in base.items() if not agent_secret(k)}  # the agent's credentials stay with it
     env.update(cmd.env)
     uuids = gpu_uuids if gpu_uuids is not None else [g.uuid for g in cmd.gpus]
     env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
