@@ -9,12 +9,14 @@ from tide.core.cycle_context import CycleContext, CycleState, Plan, QueueUsage, 
 from tide.core.job_placement import place_job
 from tide.core.model import MILLI, Allocation, Unfit
 from tide.core.preempt import FailedSearches
+from tide.core.queues import QueueTree
 from tide.schemas.events import JobRecord, JobState, PodRecord
 from tide.schemas.job import JobSpec
 
 from tests.helpers import small_node
 
 NOW = 1000.0
+ON = QueueTree.from_config({"consolidation": {"enabled": True}})  # opt-in
 
 
 def record(job_id: str, gpu: int, priority: str = "offline-training", state: JobState = JobState.PENDING,
@@ -45,7 +47,7 @@ def context(nodes: list, running: Running, pending: list[JobRecord], min_runtime
     for _, allocs in running.values():
         for a in allocs:
             cluster.allocate(a)
-    state = CycleState(nodes=nodes, cluster=cluster, pending=pending, running=running, now=NOW,
+    state = CycleState(nodes=nodes, cluster=cluster, pending=pending, running=running, now=NOW, tree=ON,
                        min_runtime_s=min_runtime_s)
     placer = Placer()
     work = state.cluster.copy()
@@ -231,7 +233,7 @@ def test_plan_cycle_moves_then_binds_the_blocked_job_and_the_moved_ones() -> Non
     nodes, running = fragmented()
     big = record("big", 8)
     state = CycleState(nodes=nodes, cluster=context(nodes, running, [big]).state.cluster, pending=[big],
-                       running=running, now=NOW)
+                       running=running, now=NOW, tree=ON)
     first = plan_cycle(state, Placer())
     moved = [p.job_id for p in first.preemptions]
     assert len(moved) == 3 and "big" in first.nominations and not first.binds
@@ -244,7 +246,7 @@ def test_plan_cycle_moves_then_binds_the_blocked_job_and_the_moved_ones() -> Non
     requeued = [record(j, 2) for j in moved]
     nominated = big.model_copy(update={"nominated_at": NOW})
     second = plan_cycle(CycleState(nodes=nodes, cluster=cluster, pending=[nominated, *requeued], running=still,
-                                   now=NOW + 1), Placer())
+                                   now=NOW + 1, tree=ON), Placer())
     assert not second.preemptions
     bound = {b.record.job_id: {p.alloc.node_id for p in b.placements} for b in second.binds}
     assert set(bound) == {"big", *moved}
@@ -260,3 +262,12 @@ def test_a_job_far_past_its_last_checkpoint_is_not_moved() -> None:
     nodes, running = fragmented(started_at=NOW - 1200.0, last_checkpoint_at=NOW - 60.0)
     moves = consolidate_for(context(nodes, running, [big]), big, set(), None)
     assert moves is not None and all(m.work_lost_s == 60.0 for m in moves)
+
+
+def test_consolidation_is_opt_in() -> None:
+    """Off unless the queue config enables it: every move restarts a job from its checkpoint."""
+    nodes, running = fragmented()
+    big = record("big", 8)
+    ctx = context(nodes, running, [big])
+    ctx.state.tree = QueueTree.from_config(None)
+    assert consolidate_for(ctx, big, set(), None) is None

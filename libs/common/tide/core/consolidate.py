@@ -127,6 +127,8 @@ def consolidate_for(ctx: CycleContext, record: JobRecord, exclude: set[str], fee
     """Plan the cheapest moves (at most ``max_moves``) after which ``record`` fits and every moved job fits
     again; record them in ``ctx`` as preemptions by ``record`` and nominate it. None: nothing planned."""
     state = ctx.state
+    if not ctx.tree.consolidation:
+        return None  # opt-in: ``consolidation: {enabled: true}`` in the queue config
     max_moves = min(max_moves, ctx.moves_left)
     if max_moves <= 0 or record.job_id in ctx.running:
         return None

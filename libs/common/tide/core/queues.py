@@ -108,11 +108,13 @@ class QueueTree:
     classes: Mapping[str, ClassPolicy] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
     fair_sharing: FairSharing = field(default_factory=FairSharing)
     config: Mapping[str, object] | None = None  # what it was built from (the decision log keeps it)
+    consolidation: bool = False  # move checkpointable jobs so a fragmented-out job fits (tide.core.consolidate)
 
     @classmethod
     def from_config(cls, config: Mapping[str, object] | None) -> QueueTree:
         """``{"queues": [{"name", "weight", "guarantee", "limit", "lendingLimit", "priority", "minRuntime",
-        "children"}], "minRuntime": ..., "priorityClasses": {...}, "fairSharing": {...}}``."""
+        "children"}], "minRuntime": ..., "priorityClasses": {...}, "fairSharing": {...},
+        "consolidation": {"enabled": bool}}``."""
         queues: dict[str, QueueSpec] = {ROOT: QueueSpec(ROOT)}
         if config is not None and not isinstance(config, Mapping):
             raise ValueError("a queue config is a mapping with 'queues' (and optional 'tides')")
@@ -157,8 +159,11 @@ class QueueTree:
         fair_sharing = FairSharing(bool(fair.get("enabled", False)), float(fair.get("threshold", 0.05)))
         if not 0 <= fair_sharing.threshold <= 1:
             raise ValueError("fairSharing.threshold must be within 0..1")
+        consolidation = dict(raw.get("consolidation") or {})  # type: ignore[call-overload]
+        if set(consolidation) - {"enabled"}:
+            raise ValueError("consolidation: only enabled (bool)")
         return cls(queues, MinRuntime.parse(raw.get("minRuntime"), "queue config") or MinRuntime(), classes,
-                   fair_sharing, config)
+                   fair_sharing, config, bool(consolidation.get("enabled", False)))
 
     def resolve(self, queue: str) -> str:
         """The configured queue a job's queue name maps to: itself, else its nearest configured ancestor."""
