@@ -13,7 +13,7 @@ from tide.stack.launcher import Stack
 from tests.helpers import small_node
 
 USERS = ("queue", "placer", "metrics", "admin", "node-n0", "alice")
-INBOXES = {"queue": "_INBOX_queue", "metrics": "_INBOX_metrics", "node-n0": "_INBOX_n0", "alice": "_INBOX_alice"}
+INBOXES = {"queue": "_INBOX_queue", "metrics": "_INBOX_metrics", "placer": "_INBOX_placer", "node-n0": "_INBOX_n0", "alice": "_INBOX_alice"}
 ALL = frozenset(USERS)
 
 # subject -> the users allowed to publish to it; (subject, users tested) where a publish could do harm
@@ -63,7 +63,7 @@ SUBSCRIBE: list[tuple[str, set[str]]] = [
     ("tide.node.n0.cmd", {"node-n0"}),
     ("tide.node.*.cmd", set()),
     ("tide.telemetry.>", {"placer", "metrics"}),
-    ("_INBOX.>", {"placer", "admin"}),  # the placer: until its connect uses inbox_prefix="_INBOX_placer"
+    ("_INBOX.>", {"admin"}),
     ("_INBOX_queue.>", {"queue"}),
     ("_INBOX_metrics.>", {"metrics"}),
     ("_INBOX_alice.>", {"alice"}),

@@ -147,7 +147,7 @@ class PlacerService:
         self.placer = Placer(policy=policy)
 
     async def start(self) -> None:
-        self.nc = await connect(self.settings, "tide-placer")
+        self.nc = await connect(self.settings, "tide-placer", inbox_prefix="_INBOX_placer")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
         self.redis = redis_for(self.settings)

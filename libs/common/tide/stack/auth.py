@@ -56,9 +56,8 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
         "placer": {
             "publish": [subjects.EVENTS_ALL, "tide.node.*.cmd", *js_stream_lookup(),
                         *js_consumer(subjects.PLACER_NODE_STATUS)],
-            # _INBOX.>: until the placer connects with inbox_prefix="_INBOX_placer" (then that prefix only)
             "subscribe": [subjects.PLACER_KICK, subjects.API_NODES, subjects.TELEMETRY_ALL,
-                          subjects.PLACER_WEIGHTS, INBOX, f"{service_inbox_prefix('placer')}.>"],
+                          subjects.PLACER_WEIGHTS, f"{service_inbox_prefix('placer')}.>"],
         },
         "metrics": {
             # tide.jobs.submit: the feedback loop resubmits OOM-failed jobs with a larger share
