@@ -13,7 +13,8 @@ from tide.stack.launcher import Stack
 from tests.helpers import small_node
 
 USERS = ("queue", "placer", "metrics", "admin", "node-n0", "alice")
-INBOXES = {"queue": "_INBOX_queue", "metrics": "_INBOX_metrics", "placer": "_INBOX_placer", "node-n0": "_INBOX_n0", "alice": "_INBOX_alice"}
+INBOXES = {"queue": "_INBOX_queue", "metrics": "_INBOX_metrics", "placer": "_INBOX_placer", "node-n0": "_INBOX_n0",
+           "alice": "_INBOX_alice"}
 ALL = frozenset(USERS)
 
 # subject -> the users allowed to publish to it; (subject, users tested) where a publish could do harm
