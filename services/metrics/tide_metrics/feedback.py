@@ -46,12 +46,12 @@ tracer = trace.get_tracer("tide.metrics")
 MARKER_TTL_S = 7 * 24 * 3600
 
 
-HISTORY = f"{keys.PREFIX}:feedback:log"  # list, newest first: every change with its evidence
+HISTORY = keys.FEEDBACK_LOG  # list, newest first: every change with its evidence
 HISTORY_LEN = 500
 
 
 def marker(job_id: str, kind: str) -> str:
-    return f"{keys.PREFIX}:feedback:done:{job_id}:{kind}"
+    return keys.feedback_done(job_id, kind)
 
 
 def policy_from(settings: Settings) -> FeedbackPolicy:

@@ -13,12 +13,12 @@ from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
 from tide.core.job_placement import job_demand
+from tide.core.lifecycle import request_cancel
 from tide.core.queue_order import pending_score
 from tide.core.queues import QueueTree
 from tide.core.tides import parse_tides
 from tide.events import publish_job_event
 from tide.schemas.events import (
-    TERMINAL_STATES,
     CancelJob,
     JobEvent,
     JobRecord,
@@ -193,14 +193,7 @@ class QueueService:
             if owner is not None and record.owner != owner:
                 log.warning("cancel_refused", job_id=cancel.job_id, tenant=owner, reason="not the job's owner")
                 return False
-            if record.state in TERMINAL_STATES or record.cancel_requested:
-                return False
-            record.cancel_requested = True
-            record.reason = cancel.reason
-            if record.state in (JobState.PENDING, JobState.UNSCHEDULABLE) and not any(p.node for p in record.pods):
-                record.state = JobState.CANCELLED
-                record.finished_at = time.time()
-            return True
+            return request_cancel(record, cancel.reason, time.time())  # the one rule (tide.core.lifecycle)
 
         record = await self.jobs.update(cancel.job_id, change)
         if record is None:
