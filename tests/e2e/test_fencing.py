@@ -111,7 +111,8 @@ async def test_placer_stops_a_pod_an_agent_runs_that_no_job_holds(make_stack, tm
     witness = tmp_path / "witness"
     stack = make_stack([small_node("n0", gpus=2)])
     info = stack.info
-    nc = await nats.connect(info.nats_url, user="placer", password=info.passwords["placer"])
+    nc = await nats.connect(info.nats_url, user="placer", password=info.passwords["placer"],
+                            inbox_prefix="_INBOX_placer")
     try:
         ghost = StartPod(job_id="ghost", pod="ghost-0.a1", pod_index=0, world_size=1,
                          command=[PY, "-c", SLEEP, "60"], env={"WITNESS_DIR": str(witness)})

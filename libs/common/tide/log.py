@@ -8,6 +8,21 @@ import sys
 import structlog
 
 
+class StderrLogger:
+    """Prints to whatever ``sys.stderr`` is when a line is written (``PrintLoggerFactory(file=sys.stderr)``
+    keeps the stream of the moment it was configured: a stream replaced since, e.g. closed by a test
+    harness's capture, then fails every later log call)."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+def _stderr_logger(*_args: object) -> StderrLogger:
+    return StderrLogger()
+
+
 def configure_logging(service: str, fmt: str = "json", level: str = "info") -> structlog.stdlib.BoundLogger:
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
@@ -27,7 +42,7 @@ def configure_logging(service: str, fmt: str = "json", level: str = "info") -> s
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     return structlog.get_logger()
