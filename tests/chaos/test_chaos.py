@@ -17,9 +17,13 @@ the agent's lease file is not renewed).
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 from tests.chaos.harness import (
     RESERVATION_TTL_S,
@@ -30,7 +34,7 @@ from tests.chaos.harness import (
     spec,
     until,
 )
-from tests.ha.conftest import server_of_client
+from tests.ha.conftest import nats_process, server_of_client
 
 
 def killed_and_restarted(name: str):
@@ -237,5 +241,41 @@ async def test_ha_nats_server_of_the_placer_killed(make_stack, tmp_path: Path) -
     # a reservation must outlive JetStream's leader election (4-9 s here, docs/ha.md): the pods' start
     # reports wait for it, and a reservation lapsing meanwhile reruns pods that did start (the default is 30 s)
     report = await run_fault(make_stack, tmp_path, "HA: the placer's NATS server kill -9, back after 3 s", inject,
+                             recover, ha=True, placer_env={"TIDE_RESERVATION_TTL_S": "20"})
+    assert_invariants(report)
+
+
+@pytest.mark.parametrize("service", ["queue", "placer", "metrics"])
+async def test_ha_service_killed(make_stack, tmp_path: Path, service: str) -> None:
+    """HA: the same kill -9 of a service as on one server (the supervisor restarts it); the services
+    reach NATS and Redis through the cluster and the Sentinels."""
+    report = await run_fault(make_stack, tmp_path, f"HA: {service} kill -9", *killed_and_restarted(service), ha=True)
+    assert_invariants(report)
+
+
+def jetstream_meta_leader(stack) -> str:
+    """The NATS server process that leads the JetStream meta group, from a server's /jsz."""
+    for process, port in stack.info.monitor_ports.items():
+        if process in stack.held:
+            continue
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/jsz", timeout=2) as reply:
+            leader = json.loads(reply.read()).get("meta_cluster", {}).get("leader")
+        if leader:
+            return nats_process(leader)
+    raise AssertionError("no JetStream meta leader")
+
+
+async def test_ha_jetstream_meta_leader_killed(make_stack, tmp_path: Path) -> None:
+    """HA: the NATS server leading the JetStream meta group killed, restarted 3 s later."""
+
+    async def inject(c: Chaos) -> None:
+        c.notes["server"] = jetstream_meta_leader(c.stack)
+        c.stack.kill(c.notes["server"], signal.SIGKILL)
+
+    async def recover(c: Chaos) -> None:
+        await until(lambda: _true(time.time() - c.t_fault > 3), 5, 0.05)
+        c.stack.restart(c.notes["server"])
+
+    report = await run_fault(make_stack, tmp_path, "HA: the JetStream meta leader kill -9, back after 3 s", inject,
                              recover, ha=True, placer_env={"TIDE_RESERVATION_TTL_S": "20"})
     assert_invariants(report)
