@@ -367,9 +367,9 @@ def crowded_trees(draw: st.DrawFn, pending_gpus: st.SearchStrategy[int] = MIXED_
     return config, nodes, running, pending
 
 
-@settings(max_examples=80, deadline=None, derandomize=True)
-@given(crowded_trees())
-def test_no_preemptor_evicts_beyond_its_need_and_no_two_queues_take_turns(case: tuple) -> None:
+def crowded_drive(case: tuple) -> tuple[Drive, dict[str, int]]:
+    """The drawn cluster with the running jobs placed (within every queue limit) and the pending ones
+    submitted; also the top-level queues' GPU limits."""
     config, sizes, running, pending = case
     drive = Drive([small_node(f"n{i}", gpus=g) for i, g in enumerate(sizes)], QueueTree.from_config(config))
     limits = {q["name"]: q["limit"]["gpu"] for q in config["queues"] if "limit" in q}
@@ -382,6 +382,13 @@ def test_no_preemptor_evicts_beyond_its_need_and_no_two_queues_take_turns(case: 
             used[top] = used.get(top, 0) + gpus
     for queue, priority, gpus in pending:
         drive.submit(spec("p", gpus, queue, priority))
+    return drive, limits
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(crowded_trees())
+def test_no_preemptor_evicts_beyond_its_need_and_no_two_queues_take_turns(case: tuple) -> None:
+    drive, limits = crowded_drive(case)
     took_from: dict[str, tuple[set[str], int]] = {}  # preemptor -> (queues it took from, its priority)
     for _ in range(10):
         before = dict(drive.running)
@@ -412,17 +419,7 @@ def test_no_preemptor_evicts_beyond_its_need_and_no_two_queues_take_turns(case: 
 def test_with_single_gpu_jobs_no_cycle_evicts_more_than_1_1_times_what_its_preemptors_need(case: tuple) -> None:
     """The issue's bound, where it is meaningful: every job asks 1 GPU, so no victim is bigger than a need
     and every GPU evicted beyond the preemptors' demand would be a storm."""
-    config, sizes, running, pending = case
-    drive = Drive([small_node(f"n{i}", gpus=g) for i, g in enumerate(sizes)], QueueTree.from_config(config))
-    limits = {q["name"]: q["limit"]["gpu"] for q in config["queues"] if "limit" in q}
-    used: dict[str, int] = {}
-    for queue, priority, gpus in running:
-        top = queue.split("/")[0]
-        if drive.cluster.milli_free.sum() >= MILLI * gpus and used.get(top, 0) + gpus <= limits.get(top, 10**6):
-            drive.run(spec("r", gpus, queue, priority))
-            used[top] = used.get(top, 0) + gpus
-    for queue, priority, gpus in pending:
-        drive.submit(spec("p", gpus, queue, priority))
+    drive, _ = crowded_drive(case)
     for _ in range(10):
         before = dict(drive.running)
         plan = drive.cycle()
