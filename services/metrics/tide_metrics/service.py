@@ -26,7 +26,7 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import start_http_server
+from prometheus_client import REGISTRY, start_http_server
 from redis.asyncio import Redis
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
@@ -39,7 +39,8 @@ from tide.settings import Settings
 from tide.store import keys
 from tide.store.redis import redis_for
 
-from tide_metrics import state
+from tide_metrics import dcgm, state
+from tide_metrics.dead_letters import DeadLetterCounter
 from tide_metrics.feedback import FeedbackLoop, JobUsage
 from tide_metrics.traces import TERMINAL_KINDS, Timeline, emit
 
@@ -66,6 +67,7 @@ class Snapshot:
     lent_borrowed: dict[str, tuple[float, float]] = field(default_factory=dict)
     pool_lending: dict[str, tuple[float, float]] = field(default_factory=dict)
     weights: dict[str, FamilyWeights] = field(default_factory=dict)
+    holders: dict[tuple[str, int], tuple[state.Holder, ...]] = field(default_factory=dict)  # (node, gpu) -> pods
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class MetricsService:
         self.timelines: dict[str, Timeline] = {}
         self.known_queues: set[tuple[str, str]] = set()
         self.max_clock: dict[tuple[str, int], float] = {}
+        self.last_xid: dict[tuple[str, int], int] = {}  # (node, gpu) -> the last XID seen
+        self.xid_counts: dict[tuple[str, int, int], int] = {}  # (node, gpu, xid) -> times seen
         self.guarantees = self._load_guarantees()
         self.tracer = trace.get_tracer("tide.metrics")
 
@@ -114,6 +118,9 @@ class MetricsService:
             resource=Resource.create({"service.name": "tide-metrics"}), metric_readers=[PrometheusMetricReader()]
         )
         self._instruments(provider.get_meter("tide.metrics"))
+        self.dead_letters = DeadLetterCounter(provider.get_meter("tide.metrics"))  # tide_dead_letters_total
+        self._dcgm = dcgm.DcgmCollector(self._dcgm_views)  # DCGM_FI_* series beside tide_* (docs/observability.md)
+        REGISTRY.register(self._dcgm)
         self.redis: Redis = redis_for(self.settings)
         self.nc = await connect(self.settings, "tide-metrics", inbox_prefix="_INBOX_metrics")  # its own only
         self.js = self.nc.jetstream()
@@ -175,6 +182,13 @@ class MetricsService:
         gpu_metric("tide_gpu_sm_clock", lambda n, i, s: [(s.sm_clock_hz, {})], "Hz", "SM clock")
         gpu_metric("tide_gpu_sm_efficiency_ratio", self._sm_efficiency, "1",
                    "utilisation x SM clock / max SM clock (0-1)")
+        gpu_metric("tide_gpu_power", lambda n, i, s: [(s.power_watts, {})], "W", "GPU power draw")
+        gpu_metric("tide_gpu_temperature", lambda n, i, s: [(s.temperature_c, {})], "Cel", "GPU temperature")
+        gpu_metric("tide_gpu_ecc_uncorrected_errors", lambda n, i, s: [(s.ecc_uncorrected_errors, {})], "{error}",
+                   "uncorrected volatile ECC errors (NVML, since the driver loaded)")
+        meter.create_observable_counter(
+            "tide_gpu_xid_errors", [self._xid_errors], unit="{error}",
+            description="XID errors seen on a GPU since the metrics service started, by XID code")
         gauge("tide_node_gpu_allocation_ratio", [self._node_alloc], unit="1",
               description="allocated share of a node's GPUs by kind (whole, shared, mig, all)")
         gauge("tide_pool_gpu_allocation_ratio", [self._pool_alloc], unit="1",
@@ -235,6 +249,18 @@ class MetricsService:
         return [Observation(int(p.get("restarts", 0)), {"process": str(p["name"])})
                 for p in document.get("processes", []) if "name" in p]
 
+    def _xid_errors(self, options: CallbackOptions) -> Iterable[Observation]:
+        pools = self.snapshot.pools
+        return [Observation(n, {"node": node, "gpu": str(i), "pool": pools.get(node, state.DEFAULT_POOL),
+                                "xid": str(xid)})
+                for (node, i, xid), n in list(self.xid_counts.items())]
+
+    def _dcgm_views(self) -> list[dcgm.GpuView]:
+        now, snap = time.time(), self.snapshot
+        return [dcgm.GpuView(node, sample, snap.models.get((node, i), ""), snap.pools.get(node, state.DEFAULT_POOL),
+                             snap.holders.get((node, i), ()), self.last_xid.get((node, i), 0))
+                for (node, i), (ts, sample) in list(self.gpus.items()) if now - ts <= SAMPLE_STALE_S]
+
     def _per_gpu(self, fn: Callable[[str, int, GpuSample], Iterable[tuple[float, dict[str, str]]]]):
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             now = time.time()
@@ -282,6 +308,7 @@ class MetricsService:
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
             consume(self.js, subjects.METRICS_EVENTS, self._on_event, stop, order_key=event_order_key),
+            self.dead_letters.run(self.js, stop),
             every(self.settings.metrics_poll_s, stop, self._poll),
         )
 
@@ -291,6 +318,8 @@ class MetricsService:
                 await getattr(self, name).unsubscribe()
             except Exception:
                 pass
+        if hasattr(self, "_dcgm"):
+            REGISTRY.unregister(self._dcgm)
         await close_nats(self.nc)
         await self.redis.aclose()
 
@@ -371,12 +400,14 @@ class MetricsService:
         specs = [infos[job_id].spec for job_id in pending_ids if job_id in infos]
         queue_used: dict[str, float] = {}
         held: list[tuple[str, str | None, float]] = []
-        for job_id, (_key, alloc) in zip(claim_jobs, claims, strict=True):
+        holders: list[tuple[state.Holder, dict[str, Any]]] = []
+        for job_id, (key, alloc) in zip(claim_jobs, claims, strict=True):
             info = infos.get(job_id)
             node = nodes.get(alloc.get("node_id", ""))
             if info is None or node is None:
                 continue
             q = info.spec.metadata.queue
+            holders.append((state.Holder(job_id, keys.parse_claim(key)[1], q), alloc))
             units = state.gpu_units(alloc, {g.index: g.model for g in node.gpus})
             queue_used[q] = queue_used.get(q, 0.0) + units
             held.append((state.pool_of(node), info.spec.spec.template.node_selector.get("pool"), units))
@@ -397,6 +428,7 @@ class MetricsService:
             lent_borrowed=state.lent_borrowed(queue_used, self.guarantees or await self._redis_guarantees()),
             pool_lending=state.pool_lending(held + [(p, None, 0.0) for p in set(pools.values())]),
             weights=weights,
+            holders=state.gpu_holders(holders),
         )
 
     # ------------------------------------------------------------ events
@@ -483,6 +515,9 @@ class MetricsService:
             key = (t.node_id, sample.index)
             self.gpus[key] = (t.ts, sample)
             self.max_clock[key] = max(self.max_clock.get(key, 0.0), sample.sm_clock_hz)
+            for xid in sample.xid_errors:
+                self.last_xid[key] = xid
+                self.xid_counts[(*key, xid)] = self.xid_counts.get((*key, xid), 0) + 1
         for usage in t.pods:
             self.usage.setdefault(usage.job_id, JobUsage()).add(t.node_id, usage, t.ts)
         if len(self.usage) > JOB_CACHE:  # jobs whose end we never saw

@@ -253,3 +253,28 @@ def sm_efficiency(utilization: float, sm_clock_hz: float, model: str, seen_max_h
     """
     top = max(MAX_SM_CLOCK_HZ.get(model, 0.0), seen_max_hz, sm_clock_hz)
     return max(0.0, min(1.0, utilization * (sm_clock_hz / top if top > 0 else 0.0)))
+
+
+# ------------------------------------------------------------------ GPU holders
+@dataclass(frozen=True)
+class Holder:
+    """A pod holding (part of) a GPU: a whole GPU, a share of it, or a MIG instance on it."""
+
+    job: str
+    pod: str
+    queue: str
+
+
+def gpu_holders(claims: Iterable[tuple[Holder, Mapping[str, Any]]]) -> dict[tuple[str, int], tuple[Holder, ...]]:
+    """(node, GPU index) -> the pods holding it, from the claims (``Allocation.to_dict``): whole GPUs and
+    shares by ``gpu_indices``, a MIG instance by its parent GPU. Sorted by job and pod."""
+    out: dict[tuple[str, int], set[Holder]] = {}
+    for holder, alloc in claims:
+        node = str(alloc.get("node_id", ""))
+        indices = {int(i) for i in alloc.get("gpu_indices") or ()}
+        mig = alloc.get("mig")
+        if mig:
+            indices.add(int(mig["gpu_index"]))
+        for i in indices:
+            out.setdefault((node, i), set()).add(holder)
+    return {k: tuple(sorted(v, key=lambda h: (h.job, h.pod))) for k, v in out.items()}
