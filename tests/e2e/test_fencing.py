@@ -129,3 +129,32 @@ async def test_placer_stops_a_pod_an_agent_runs_that_no_job_holds(make_stack, tm
         await nc.close()
         for p in live_pods(witness):
             os.kill(p["pid"], signal.SIGKILL)
+
+
+RUN_ONCE = ("import os, sys, time; d = os.environ['RUNS_DIR']; "
+            "open(os.path.join(d, f\"{os.environ['TIDE_POD_NAME']}.a{os.environ['TIDE_ATTEMPT']}.{os.getpid()}\"), 'w')"
+            ".close(); time.sleep(float(sys.argv[1]))")
+
+
+async def test_a_pod_whose_start_reply_is_lost_is_settled_not_run_again(make_stack, tmp_path: Path) -> None:
+    """The agent starts the pod but its acknowledgement comes after the placer stopped waiting (as when the
+    reply is lost with a NATS server). The placer must ask the agent what became of the pod, keep the
+    attempt that ran and never start the job again: each pod runs once and the jobs succeed."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    stack = make_stack([small_node("n0", gpus=4)], env={"placer": {"TIDE_START_ACK_TIMEOUT_S": "0.02"}})
+    client = await TideClient.connect(stack.info.settings_for("admin"))
+    try:
+        for name, replicas in (("short", 1), ("pair", 2)):
+            job = {"metadata": {"name": name}, "spec": {"replicas": replicas, "template": {
+                "command": [PY, "-c", RUN_ONCE, "0.3"], "env": {"RUNS_DIR": str(runs)}, "resources": {"gpu": 1}}}}
+            assert (await client.submit(job, job_id=name)).accepted
+        for name in ("short", "pair"):
+            done = await client.wait(name, timeout_s=60)
+            assert done["state"] == "succeeded", done
+            assert done["attempts"] == 1, done
+        await asyncio.sleep(1.5)  # a rerun would have started by now
+        ran = sorted(f.name.rsplit(".", 1)[0] for f in runs.iterdir())
+        assert ran == ["pair-0.a1", "pair-1.a1", "short-0.a1"], ran
+    finally:
+        await client.close()

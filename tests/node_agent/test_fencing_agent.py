@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tide.schemas.events import ExitReason, StartPod, StopPod
+from tide.schemas.events import ExitReason, PodFate, SettlePod, StartPod, StopPod
 
 from tests.helpers import py
 from tests.node_agent.conftest import AgentFactory
@@ -62,3 +62,19 @@ async def test_an_agent_unreached_for_its_lease_stops_its_pods_and_takes_none(ma
     await agent._heartbeat()
     assert (await agent._start(start("j-0.a2"))).ok
     await agent.pods["j/j-0.a2"].stop(0)
+
+
+async def test_settle_tells_running_exited_and_absent_and_an_absent_pod_never_starts(make_agent: AgentFactory) -> None:
+    """The placer asks after a start whose reply it lost: the answer must be the truth, and 'absent' final."""
+    agent = make_agent()
+    assert (await agent._start(start("j-0.a1"))).ok
+    assert agent._settle(SettlePod(job_id="j", pod="j-0.a1")).fate == PodFate.RUNNING
+    await agent.pods["j/j-0.a1"].stop(0)
+    assert (await agent.exited("j-0.a1")).reason == ExitReason.STOPPED
+    assert agent._settle(SettlePod(job_id="j", pod="j-0.a1")).fate == PodFate.EXITED
+    assert agent._settle(SettlePod(job_id="k", pod="k-0.a3")).fate == PodFate.ABSENT
+    late = await agent._start(StartPod(job_id="k", pod="k-0.a3", pod_index=0, world_size=1, command=SLEEP))
+    assert not late.ok and "stale" in late.error and "k/k-0.a3" not in agent.pods
+    assert (await agent._start(StartPod(job_id="k", pod="k-0.a4", pod_index=0, world_size=1, command=SLEEP))).ok
+    await agent.pods["k/k-0.a4"].stop(0)
+    await asyncio.sleep(0)

@@ -81,7 +81,7 @@ def claim(job_id: str, pod: str, *items: tuple[str, str, int]) -> PodClaim:
 
 
 async def scenario(r: Any) -> list[Any]:
-    """Every script (claim, commit, release, expire, cas, create_job, lease renew/release) with its outcomes."""
+    """Every script (claim, commit, extend, release, expire, cas, create_job, lease renew/release) with its outcomes."""
     out: list[Any] = []
     store = ClaimStore(r)
     for node_id in ("n1", "n2"):
@@ -101,6 +101,12 @@ async def scenario(r: Any) -> list[Any]:
     out.append(await store.commit("l:1"))
     out.append(await store.expire())
     out.append(await store.expire())
+    # extend.lua: a held reservation outlives its first TTL; a lapsed one is not revived
+    out.append(await store.reserve([claim("x", "x-0", ("n1", "cpu", 500))], "x:1", 300))
+    out.append(await store.extend("x:1", 30_000))
+    await asyncio.sleep(0.4)
+    out.append(await store.commit("x:1"))
+    out.append(await store.extend("l:1", 30_000))
     # a lapsed reservation is released by the next claim (its keys named to the script) before it counts
     out.append(await store.reserve([claim("m", "m-0", ("n2", "g1.milli", 1000))], "m:1", 150))
     await asyncio.sleep(0.4)
@@ -170,3 +176,17 @@ async def test_every_script_runs_on_a_three_shard_cluster(cluster_ports: list[in
     assert on_cluster[:3] == [(True, "ok"), (False, on_cluster[1][1]), (False, on_cluster[2][1])]
     assert "insufficient g0.milli" in on_cluster[1][1] and "already claimed" in on_cluster[2][1]
     assert on_cluster[6:9] == [False, ["l:1"], []]
+
+
+async def test_extend_keeps_a_held_reservation_and_never_revives_a_lapsed_one(redis: Redis) -> None:
+    store = ClaimStore(redis)
+    await store.set_capacity(small_node("n1", gpus=1))
+    assert (await store.reserve([claim("x", "x-0", ("n1", "g0.milli", 1000))], "x:1", 300))[0]
+    assert await store.extend("x:1", 30_000)
+    await asyncio.sleep(0.5)
+    assert await store.expire() == []  # past its first TTL, still held
+    assert await store.commit("x:1")
+    assert (await store.reserve([claim("y", "y-0", ("n1", "cpu", 100))], "y:1", 100))[0]
+    await asyncio.sleep(0.3)
+    assert not await store.extend("y:1", 30_000)
+    assert await store.expire() == ["y:1"]

@@ -15,6 +15,7 @@ from tide.core.lifecycle import (
     mark_unplaced,
     nominate,
     pod_exited,
+    pod_fate,
     pod_is_current,
     pod_started,
     preempt,
@@ -27,7 +28,7 @@ from tide.core.lifecycle import (
     rollback_extras,
     start_refusal,
 )
-from tide.schemas.events import ExitReason, JobRecord, JobState, PodExited, PodRecord, PodState
+from tide.schemas.events import ExitReason, JobRecord, JobState, PodExited, PodFate, PodRecord, PodState
 from tide.schemas.job import JobSpec
 
 
@@ -64,6 +65,16 @@ def test_pod_is_current(rec: JobRecord | None, pod: str, attempt: int, node: str
 def test_start_refusal(attempt: int, floor: int, expires_at: float | None, now: float, refused: str) -> None:
     why = start_refusal(attempt, floor, expires_at, now)
     assert (refused in why and why) if refused else why == ""
+
+
+@pytest.mark.parametrize(("running", "exited", "fate"), [
+    ({"j/j-0.a2"}, set(), PodFate.RUNNING),
+    (set(), {"j/j-0.a2"}, PodFate.EXITED),  # a short pod ended before the question came
+    ({"j/j-0.a1"}, {"j/j-1.a2"}, PodFate.ABSENT),  # another attempt, another pod: this one never started
+    (set(), set(), PodFate.ABSENT),
+])
+def test_pod_fate(running: set[str], exited: set[str], fate: PodFate) -> None:
+    assert pod_fate("j/j-0.a2", running, exited) is fate
 
 
 # ---------------------------------------------------------------- job transitions (table)

@@ -69,6 +69,7 @@ def _record(state: JobState, pod_states: list[PodState], reservation: str | None
 
 def test_a_reservation_left_by_another_placer_is_adopted_only_when_all_its_pods_run() -> None:
     assert adoptable(_record(JobState.RUNNING, [PodState.RUNNING, PodState.RUNNING]), "j:2", 2)
+    assert adoptable(_record(JobState.RUNNING, [PodState.SUCCEEDED, PodState.RUNNING]), "j:2", 2)  # one ended
     assert not adoptable(_record(JobState.PENDING, [PodState.RUNNING, PodState.STARTING]), "j:2", 2)
     assert not adoptable(_record(JobState.RUNNING, [PodState.RUNNING]), "j:1", 1)  # not the record's reservation
     assert not adoptable(_record(JobState.RUNNING, [PodState.RUNNING], reservation=None), "j:2", 2)

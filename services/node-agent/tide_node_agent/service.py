@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, publish
-from tide.core.lifecycle import start_refusal
+from tide.core.lifecycle import pod_fate, start_refusal
 from tide.core.mig import profiles_for
 from tide.runtime import every
 from tide.schemas.events import (
@@ -34,8 +34,10 @@ from tide.schemas.events import (
     Message,
     NodeRegistered,
     PodExited,
+    PodFate,
     PodStarted,
     PodUsage,
+    SettlePod,
     StartPod,
     StopPod,
     Telemetry,
@@ -324,6 +326,8 @@ class NodeAgent:
             with job_span(tracer, f"agent.{command.kind}", command.job_id, node=self.node_id, pod=command.pod):
                 if isinstance(command, StartPod):
                     ack = await self._start(command)
+                elif isinstance(command, SettlePod):
+                    ack = self._settle(command)
                 else:
                     ack = await self._stop(command)
         except Exception as exc:
@@ -433,6 +437,16 @@ class NodeAgent:
                        runtime=self.runtime.name, cpus=len(spec.cpus or []))
         await self._status(PodStarted(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, pid=pod.proc.pid))
         return CommandAck(ok=True)
+
+    def _settle(self, cmd: SettlePod) -> CommandAck:
+        """What became of a pod whose start the placer saw unanswered; a pod never started here is refused
+        from now on (the floor passes its attempt), so the placer may roll its attempt back."""
+        key = f"{cmd.job_id}/{cmd.pod}"
+        fate = pod_fate(key, self.pods, self.recent_exits)
+        if fate == PodFate.ABSENT:
+            self._raise_floor(cmd.job_id, parse_agent_pod_id(cmd.pod)[1] + 1)
+        self._log.info("pod_settled", job_id=cmd.job_id, pod=cmd.pod, fate=fate.value)
+        return CommandAck(ok=True, fate=fate)
 
     async def _stop(self, cmd: StopPod) -> CommandAck:
         # the attempt is over on this node: a start of it that arrives late (after a stall) is refused

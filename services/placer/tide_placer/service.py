@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats
+import redis.exceptions
 import structlog
 from nats.aio.msg import Msg
 from opentelemetry import trace
@@ -76,9 +77,11 @@ from tide.schemas.events import (
     JobState,
     NodeRegistered,
     PodExited,
+    PodFate,
     PodRecord,
     PodStarted,
     PodState,
+    SettlePod,
     StartPod,
     StopPod,
     agent_pod_id,
@@ -103,6 +106,10 @@ FENCE_SWEEP_S = 5.0
 """every pod every agent reports is checked against its job's current attempt at least this often"""
 FENCE_RESEND_S = 5.0
 """a stop for a stale pod is sent again after this long if the agent still reports it"""
+SETTLE_ASK_S = 2.0
+"""how long one SettlePod waits for its answer; it is asked again until answered or the node is lost"""
+REDIS_AWAY = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+"""what a Redis call raises while the server is away (a restart, a Sentinel failover)"""
 
 
 @dataclass(frozen=True)
@@ -575,7 +582,7 @@ class PlacerService:
             tmpl = updated.spec.spec.template
             share = tmpl.resources.gpu_share
             starts = [
-                self._send(p.alloc.node_id, StartPod(
+                self._request(p.alloc.node_id, StartPod(
                     event_id=f"{resv}.{p.pod_index}.start",
                     job_id=job_id,
                     pod=agent_pod_id(by_index[p.pod_index].name, attempt),
@@ -600,33 +607,104 @@ class PlacerService:
                 results = await asyncio.gather(*starts)
             else:  # the placed event is queued on the connection before the start commands: it stays first
                 _, *results = await asyncio.gather(placed, *starts)
-            bad = sorted({p.alloc.node_id for p, err in zip(placements, results, strict=True) if err})
-            if bad:
-                errors = "; ".join(f"{p.alloc.node_id}: {e}" for p, e in zip(placements, results, strict=True) if e)
-                await self._rollback(job_id, attempt, f"start failed on {errors}", bad_nodes=bad)
+            errors = {p.pod_index: start_error(ack) for p, ack in zip(placements, results, strict=True)}
+            unanswered = [p for p, ack in zip(placements, results, strict=True) if ack is None]
+            refused = {p.pod_index for p, ack in zip(placements, results, strict=True) if ack and not ack.ok}
+            absent: set[int] = set()
+            if unanswered and not refused:
+                # no agent refused: ask what became of the unanswered starts before undoing anything, since
+                # a pod whose reply was lost may be running (or done) and must not run again
+                fates = await self._settle_starts(updated, resv, attempt, unanswered)
+                absent = {i for i, fate in fates.items() if fate == PodFate.ABSENT}
+                errors.update({i: "" if fate in (PodFate.RUNNING, PodFate.EXITED) else
+                               f"start unanswered, then {fate.value if fate else 'the node was lost'}"
+                               for i, fate in fates.items()})
+            failed = [p for p in placements if errors[p.pod_index]]
+            if failed:
+                text = "; ".join(f"{p.alloc.node_id}: {errors[p.pod_index]}" for p in failed)
+                # a node that answered 'absent' is healthy (it only missed the start): it is not avoided
+                bad = sorted({p.alloc.node_id for p in failed if p.pod_index not in absent})
+                await self._rollback(job_id, attempt, f"start failed on {text}", bad_nodes=bad)
                 return
-            if not await self.claims.commit(resv):
+            committed = await self._while_redis_away(lambda: self.claims.commit(resv), "commit")
+            if not committed:
                 await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
                 return
-            await self._update(job_id, lambda r: commit(r, resv))
+            await self._while_redis_away(lambda: self._update(job_id, lambda r: commit(r, resv)), "commit")
             log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements), extras=reserved.grow)
 
+    async def _settle_starts(self, record: JobRecord, resv: str, attempt: int, pods: list[PodPlacement]
+                             ) -> dict[int, PodFate | None]:
+        """Ask each agent what became of the pods whose start it did not answer, until it answers (running,
+        exited, absent: ``SettlePod``) or its node is lost past its lease (None: it has fenced itself). The
+        reservation is kept alive meanwhile, so no lapse sweep undoes the attempt under the question."""
+        by_index = {p.index: p for p in record.pods}
+        fates: dict[int, PodFate | None] = {}
+        ttl_ms = int(self.settings.reservation_ttl_s * 1000)
+        waiting = list(pods)
+        while waiting:
+            try:
+                await self.claims.extend(resv, ttl_ms)
+            except REDIS_AWAY as exc:  # a failover: the reservation's TTL covers it, asked again next round
+                log.warning("reservation_extend_failed", job_id=record.job_id, reservation=resv, error=repr(exc))
+            asked = time.monotonic()
+            answers = await asyncio.gather(*[
+                self._request(p.alloc.node_id, SettlePod(
+                    job_id=record.job_id, pod=agent_pod_id(by_index[p.pod_index].name, attempt)), SETTLE_ASK_S)
+                for p in waiting])
+            for p, ack in zip(waiting, answers, strict=True):
+                if ack is not None and ack.fate is not None:
+                    fates[p.pod_index] = ack.fate
+                elif await self._fenced_by_lease(p.alloc.node_id):
+                    fates[p.pod_index] = None
+            waiting = [p for p in waiting if p.pod_index not in fates]
+            log.info("start_settled" if not waiting else "start_settling", job_id=record.job_id, attempt=attempt,
+                     fates={str(i): (f.value if f else "lost") for i, f in fates.items()}, waiting=len(waiting))
+            if waiting:
+                await asyncio.sleep(max(0.0, SETTLE_ASK_S / 2 - (time.monotonic() - asked)))
+        return fates
+
+    async def _fenced_by_lease(self, node_id: str) -> bool:
+        """The node is lost and silent past its lease and fence grace: its agent has stopped its pods."""
+        silent = time.time() - self.last_seen.get(node_id, time.time())
+        return silent >= self.reschedule_after(node_id) and bool(
+            await self.redis.sismember(keys.LOST_NODES, node_id))
+
+    async def _while_redis_away(self, call: Callable[[], Coroutine[Any, Any, Any]], what: str) -> Any:
+        """Run a Redis step of a started attempt again while Redis is away (a restart, a failover), for up to
+        the reservation TTL: undoing an attempt whose pods run because one write failed would run them twice."""
+        deadline = time.monotonic() + self.settings.reservation_ttl_s
+        while True:
+            try:
+                return await call()
+            except REDIS_AWAY as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("redis_away_retrying", step=what, error=repr(exc))
+                await asyncio.sleep(0.5)
+
     async def _send(self, node_id: str, command: StartPod | StopPod) -> str:
-        """Send a command to a node agent; returns '' on acknowledgement, else the error.
+        """Send a command to a node agent; returns '' on acknowledgement, else the error."""
+        return start_error(await self._request(node_id, command))
+
+    async def _request(self, node_id: str, command: StartPod | StopPod | SettlePod,
+                       timeout_s: float | None = None) -> CommandAck | None:
+        """Send a command to a node agent and return its answer; None when none came (the agent, the reply
+        or the connection was lost: whether the agent acted on it is unknown).
 
         A start carries its deadline: an agent that gets it after the placer stopped waiting (a stalled
-        agent, a slow network) refuses it, since the attempt is being rolled back."""
+        agent, a slow network) refuses it, since the attempt is being rolled back or settled."""
         self._must_lead(command)
+        timeout = timeout_s or self.settings.start_ack_timeout_s
         if isinstance(command, StartPod):
-            command = command.model_copy(update={"expires_at": time.time() + self.settings.start_ack_timeout_s})
+            command = command.model_copy(update={"expires_at": time.time() + timeout})
         try:
-            reply = await self.nc.request(
-                subjects.node_cmd(node_id), command.to_bytes(), timeout=self.settings.start_ack_timeout_s
-            )
-            ack = CommandAck.model_validate_json(reply.data)
-            return "" if ack.ok else (ack.error or "refused")
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            return f"no acknowledgement ({type(exc).__name__})"
+            reply = await self.nc.request(subjects.node_cmd(node_id), command.to_bytes(), timeout=timeout)
+        except nats.errors.Error as exc:  # timeout, no responders, a connection lost or reconnecting
+            log.warning("command_unanswered", job_id=command.job_id, node_id=node_id, command=command.kind,
+                        error=type(exc).__name__)
+            return None
+        return CommandAck.model_validate_json(reply.data)
 
     def _must_lead(self, command: StartPod | StopPod) -> None:
         """Only the leader commands agents: a placer that lost its lease (it was paused, cut off) sends nothing."""
@@ -1022,6 +1100,13 @@ def status_order_key(msg: Msg) -> str:
     except ValueError:
         return msg.subject
     return str(body.get("job_id") or msg.subject)
+
+
+def start_error(ack: CommandAck | None) -> str:
+    """'' for an acknowledged command, else why not (an agent's refusal, or no answer at all)."""
+    if ack is None:
+        return "no acknowledgement"
+    return "" if ack.ok else (ack.error or "refused")
 
 
 def placeable(record: JobRecord) -> bool:

@@ -18,6 +18,7 @@ from tide.schemas.events import (
     JobRecord,
     JobState,
     PodExited,
+    PodFate,
     PodRecord,
     PodState,
 )
@@ -227,11 +228,12 @@ def commit(record: JobRecord, resv: str) -> bool:
 
 def adoptable(record: JobRecord, resv: str, attempt: int) -> bool:
     """A reservation another placer left can be committed by the leader: the record still names it, the job
-    is running, and every pod of that attempt has started and not exited."""
+    is running, and every pod of that attempt has started (a short one may already have ended: rolling it
+    back would run it again)."""
     if record.reservation != resv or record.state != JobState.RUNNING or record.cancel_requested:
         return False
     pods = [p for p in record.pods if p.node and pod_token(record, p) == attempt]
-    return bool(pods) and all(p.state == PodState.RUNNING for p in pods)
+    return bool(pods) and all(p.state == PodState.RUNNING or p.state in POD_DONE_STATES for p in pods)
 
 
 def can_roll_back(record: JobRecord | None, attempt: int) -> bool:
@@ -363,6 +365,18 @@ def accepts_start(record: JobRecord, pod: str, attempt: int, node: str) -> bool:
 def accepts_exit(record: JobRecord | None, pod: str, attempt: int, node: str) -> bool:
     """An exit counts only for the current token: the job's attempt, the pod's node, a pod not yet done."""
     return pod_is_current(record, pod, attempt, node)
+
+
+def pod_fate(key: str, running: Collection[str], exited: Collection[str]) -> PodFate:
+    """An agent's answer to ``SettlePod`` for the pod it knows as ``key`` (``<job>/<pod>.a<attempt>``): running,
+    exited (one of its recent exits), or absent. The agent answers only after every command sent before the
+    question was handled (one command at a time, in order), and raises its floor past an absent pod's attempt,
+    so ``absent`` stays true."""
+    if key in running:
+        return PodFate.RUNNING
+    if key in exited:
+        return PodFate.EXITED
+    return PodFate.ABSENT
 
 
 def start_refusal(attempt: int, floor: int, expires_at: float | None, now: float) -> str:

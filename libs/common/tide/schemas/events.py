@@ -229,7 +229,16 @@ class StopPod(Message):
     reason: str = "stopped"
 
 
-NodeCommand = Annotated[StartPod | StopPod, Field(discriminator="kind")]
+class SettlePod(Message):
+    """What became of a pod whose start went unanswered (the reply or the agent's connection was lost)?
+    Answered with its ``PodFate``; an agent that never started it refuses that attempt from then on, so
+    an ``absent`` answer is final and the placer may roll the attempt back without a pod running."""
+    kind: Literal["settle"] = "settle"
+    job_id: str
+    pod: str
+
+
+NodeCommand = Annotated[StartPod | StopPod | SettlePod, Field(discriminator="kind")]
 
 
 NODE_COMMAND = TypeAdapter(NodeCommand)
@@ -245,9 +254,17 @@ def parse_agent_pod_id(agent_pod: str) -> tuple[str, int]:
     return (name, int(attempt)) if name and attempt.isdigit() else (agent_pod, 0)
 
 
+class PodFate(StrEnum):
+    """A node agent's answer to ``SettlePod``."""
+    RUNNING = "running"  # started and still running
+    EXITED = "exited"  # started and already ended (its PodExited is on the status stream)
+    ABSENT = "absent"  # never started here, and now never will
+
+
 class CommandAck(BaseModel):
     ok: bool
     error: str = ""
+    fate: PodFate | None = Field(default=None, description="the answer to a SettlePod")
 
 
 class ProcessSample(BaseModel):

@@ -87,6 +87,7 @@ class ClaimStore:
         self._commit = redis.register_script(_script("commit.lua"))
         self._release = redis.register_script(_script("release.lua"))
         self._expire = redis.register_script(_script("expire.lua"))
+        self._extend = redis.register_script(_script("extend.lua"))
 
     async def set_capacity(self, node: NodeDescription) -> None:
         cap_key = keys.capacity(node.node_id)
@@ -178,6 +179,16 @@ class ClaimStore:
             return touched, {"rkeys": lapsed, "resv": reservation, "rkey": rkey}
 
         code, _ = await self._run(self._commit, "commit", call_keys)
+        return code == 1
+
+    async def extend(self, reservation: str, ttl_ms: int) -> bool:
+        """Push a held reservation's lapse to ``ttl_ms`` from now (never earlier); False when it has lapsed."""
+        request = {"resv": reservation, "ttl_ms": int(ttl_ms)}
+
+        async def call_keys() -> tuple[list[str], dict[str, Any]]:
+            return [], request
+
+        code, _ = await self._run(self._extend, "extend", call_keys)
         return code == 1
 
     async def release(self, claim_keys: list[str], reservation: str = "") -> int:
