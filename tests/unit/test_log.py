@@ -1,0 +1,76 @@
+"""tide.log: structlog events and stdlib records (nats, redis, asyncio) come out as the same JSON lines, with
+the current OpenTelemetry span's trace_id and span_id."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+from opentelemetry.sdk.trace import TracerProvider
+from tide.log import StderrHandler, configure_logging
+
+COMMON = {"event", "level", "timestamp", "service"}
+
+
+@pytest.fixture
+def json_logging() -> Iterator[None]:
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    configure_logging("svc", "json", "info")
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.configure(**saved)
+
+
+def lines(err: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in err.splitlines() if line.strip()]
+
+
+def test_stdlib_records_of_nats_redis_and_asyncio_are_json_lines_like_structlog_events(
+    json_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    structlog.get_logger().info("placed", job_id="j1")
+    logging.getLogger("nats.aio.client").error("nats: encountered error %s", "timeout")
+    logging.getLogger("redis.asyncio.connection").warning("connection lost")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("asyncio").exception("Task exception was never retrieved")
+    logging.getLogger("nats").debug("below the level: dropped")
+    out = lines(capsys.readouterr().err)
+    assert [e["event"] for e in out] == ["placed", "nats: encountered error timeout", "connection lost",
+                                         "Task exception was never retrieved"]
+    for e in out:
+        assert COMMON <= set(e), e
+        assert e["service"] == "svc"
+    assert out[0]["job_id"] == "j1" and out[0]["level"] == "info"
+    assert [(e["logger"], e["level"]) for e in out[1:]] == [
+        ("nats.aio.client", "error"), ("redis.asyncio.connection", "warning"), ("asyncio", "error")]
+    assert "RuntimeError: boom" in out[3]["exception"]
+    assert sum(isinstance(h, StderrHandler) for h in logging.getLogger().handlers) == 1
+    configure_logging("svc", "json", "info")  # configured again: still one handler, no duplicate lines
+    assert sum(isinstance(h, StderrHandler) for h in logging.getLogger().handlers) == 1
+
+
+def test_every_event_carries_the_current_spans_trace_and_span_ids(
+    json_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tracer = TracerProvider().get_tracer("test")
+    structlog.get_logger().info("outside")
+    with tracer.start_as_current_span("placing") as span:
+        structlog.get_logger().info("inside")
+        logging.getLogger("redis").warning("retrying")
+        with tracer.start_as_current_span("child") as child:
+            structlog.get_logger().info("nested")
+    outside, inside, stdlib, nested = lines(capsys.readouterr().err)
+    ctx, child_ctx = span.get_span_context(), child.get_span_context()
+    assert "trace_id" not in outside and "span_id" not in outside
+    for e in (inside, stdlib):
+        assert e["trace_id"] == f"{ctx.trace_id:032x}" and e["span_id"] == f"{ctx.span_id:016x}", e
+    assert nested["trace_id"] == f"{ctx.trace_id:032x}" and nested["span_id"] == f"{child_ctx.span_id:016x}"
