@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tide.schemas.events import JobRecord, JobState, PodRecord, PodState
+from tide.schemas.events import CommandAck, JobRecord, JobState, PodFate, PodRecord, PodState, SettlePod
 from tide.schemas.job import JobSpec
 from tide.settings import Settings
 from tide.store.claims import FencedOut
@@ -76,3 +76,31 @@ def test_a_reservation_left_by_another_placer_is_adopted_only_when_all_its_pods_
     rec = _record(JobState.RUNNING, [PodState.RUNNING])
     assert committed(rec, "j:2") and rec.reservation is None
     assert not committed(rec, "j:2")
+
+
+async def test_a_left_reservation_is_adopted_when_its_agents_say_every_pod_started() -> None:
+    """The placer that sent the starts died before their acknowledgements and the pod-started reports are not
+    handled yet: the agents' answers decide, since letting the reservation lapse would run started pods again."""
+    svc = PlacerService(Settings())
+    answers: dict[str, PodFate | None] = {"j-0.a2": PodFate.RUNNING, "j-1.a2": PodFate.EXITED}
+    asked: list[str] = []
+
+    async def request(node_id: str, command: SettlePod, timeout_s: float | None = None) -> CommandAck | None:
+        asked.append(command.pod)
+        fate = answers[command.pod]
+        return CommandAck(ok=True, fate=fate) if fate else None
+
+    svc._request = request  # type: ignore[method-assign]
+    left = _record(JobState.PENDING, [PodState.STARTING, PodState.STARTING])
+    assert await svc._agents_started(left, "j:2", 2)
+    answers["j-1.a2"] = PodFate.ABSENT
+    assert not await svc._agents_started(left, "j:2", 2)  # asked again only after SETTLE_ASK_S
+    assert sorted(asked) == ["j-0.a2", "j-1.a2"]
+    for fate in (PodFate.ABSENT, None):  # one pod never started, or its agent does not answer: it lapses
+        answers["j-1.a2"] = fate
+        svc._settle_asked.clear()
+        assert not await svc._agents_started(left, "j:2", 2)
+    svc._settle_asked.clear()
+    answers["j-1.a2"] = PodFate.RUNNING
+    assert not await svc._agents_started(_record(JobState.PENDING, [PodState.STARTING] * 2, reservation="j:3"),
+                                         "j:2", 2)  # the record moved on: nothing to adopt

@@ -149,6 +149,7 @@ class PlacerService:
         self._leading = asyncio.Event()  # set while this placer holds the leader lease
         self._not_leading = asyncio.Event()
         self._not_leading.set()
+        self._settle_asked: dict[str, float] = {}  # left reservations whose agents were asked, and when
         self._own_resv: set[str] = set()  # reservations this placer is starting (others': adopt or let lapse)
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
@@ -301,20 +302,43 @@ class PlacerService:
         await self._fence_reported()
 
     async def _adopt_reservations(self) -> None:
-        """Reservations this placer is not starting (a previous leader's, killed between reserve and commit):
-        one whose pods all run, as its job's record says, is committed now; any other lapses after its TTL
-        and is rolled back by ``_reconcile``, like a reservation of a crashed placer."""
-        for resv in await self.claims.reservations():
+        """Reservations this placer is not starting (a previous leader's, killed or deposed between reserve and
+        commit): one whose pods all started, as its job's record says or else as their agents answer, is
+        committed now; any other lapses after its TTL and is rolled back by ``_reconcile``, like a
+        reservation of a crashed placer (its pods that never started are refused by their agents by then)."""
+        held = await self.claims.reservations()
+        self._settle_asked = {r: t for r, t in self._settle_asked.items() if r in held}
+        for resv in held:
             if resv in self._own_resv:
                 continue
             job_id, attempt = keys.parse_reservation_id(resv)
             record = await self.jobs.get(job_id)
-            if record is None or not adoptable(record, resv, attempt):
+            if record is None:
+                continue
+            if not adoptable(record, resv, attempt) and not await self._agents_started(record, resv, attempt):
                 continue
             if not await self.claims.commit(resv):
                 continue  # lapsed meanwhile: the next reconcile rolls it back
             await self._update(job_id, functools.partial(commit, resv=resv))
             log.info("reservation_adopted", job_id=job_id, reservation=resv)
+
+    async def _agents_started(self, record: JobRecord, resv: str, attempt: int) -> bool:
+        """Ask the agents (once per ``SETTLE_ASK_S``) whether every pod of a left reservation started: the
+        placer that sent the starts may have died before their acknowledgements, and the pod-started reports
+        may not be handled yet."""
+        pods = [p for p in record.pods if p.node and pod_token(record, p) == attempt]
+        if (record.reservation != resv or record.cancel_requested or record.state in TERMINAL_STATES or not pods
+                or time.monotonic() - self._settle_asked.get(resv, -SETTLE_ASK_S) < SETTLE_ASK_S):
+            return False
+        self._settle_asked[resv] = time.monotonic()
+        answers = await asyncio.gather(*[
+            self._request(p.node or "", SettlePod(job_id=record.job_id, pod=agent_pod_id(p.name, attempt)),
+                          SETTLE_ASK_S / 2)
+            for p in pods])
+        fates = [ack.fate if ack else None for ack in answers]
+        log.info("reservation_settled", job_id=record.job_id, reservation=resv,
+                 fates=[f.value if f else "unanswered" for f in fates])
+        return all(f in (PodFate.RUNNING, PodFate.EXITED) for f in fates)
 
     async def queue_config(self) -> tuple[QueueTree, list[TideRule]]:
         raw = await self.redis.get(keys.QUEUE_CONFIG)
@@ -606,7 +630,13 @@ class PlacerService:
                 await asyncio.sleep(self.settings.fault_pause_after_reserve_s)
                 results = await asyncio.gather(*starts)
             else:  # the placed event is queued on the connection before the start commands: it stays first
-                _, *results = await asyncio.gather(placed, *starts)
+                event, *answers = await asyncio.gather(placed, *starts, return_exceptions=True)
+                if isinstance(event, Exception):  # the starts went out: losing their event must not undo them
+                    log.warning("placed_event_lost", job_id=job_id, error=repr(event))
+                for answer in answers:
+                    if isinstance(answer, BaseException):
+                        raise answer
+                results = [a for a in answers if not isinstance(a, BaseException)]
             errors = {p.pod_index: start_error(ack) for p, ack in zip(placements, results, strict=True)}
             unanswered = [p for p, ack in zip(placements, results, strict=True) if ack is None]
             refused = {p.pod_index for p, ack in zip(placements, results, strict=True) if ack and not ack.ok}
@@ -706,7 +736,7 @@ class PlacerService:
             return None
         return CommandAck.model_validate_json(reply.data)
 
-    def _must_lead(self, command: StartPod | StopPod) -> None:
+    def _must_lead(self, command: StartPod | StopPod | SettlePod) -> None:
         """Only the leader commands agents: a placer that lost its lease (it was paused, cut off) sends nothing."""
         if not self.leading():
             raise NotLeading(f"not leading: {type(command).__name__} for job {command.job_id} not sent")
