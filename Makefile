@@ -2,7 +2,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test demo lint up
+.PHONY: setup test typecheck demo lint up
 setup: $(BIN)/tide
 
 $(BIN)/tide: pyproject.toml
@@ -11,8 +11,12 @@ $(BIN)/tide: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(BIN)/tide
 
-test: setup
+test: setup typecheck
 	$(BIN)/pytest -q
+
+# mypy --strict on the pure core (config: [tool.mypy] in pyproject.toml)
+typecheck: setup
+	$(BIN)/mypy
 
 demo: setup
 	$(BIN)/tide up --demo

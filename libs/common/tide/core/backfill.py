@@ -100,11 +100,11 @@ def earmark_for(cluster: Cluster, record: JobRecord, running: Running, now: floa
     order = sorted(np.flatnonzero(capacity > 0), key=lambda i: (-counts[i], -free[i], cluster.node_ids[i]))
     chosen: list[int] = []
     held = 0
-    for i in order:
-        if one_node and counts[i] < gang:
+    for node in order:
+        if one_node and counts[node] < gang:
             break
-        chosen.append(int(i))
-        held += int(counts[i])
+        chosen.append(int(node))
+        held += int(counts[node])
         if one_node or held >= gang:
             break
     blocking = {r.job_id: r for i in chosen for r in jobs_on.get(i, [])}

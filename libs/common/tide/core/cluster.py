@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from tide.core.mig import MIG_COMPUTE_SLICES, profiles_for
 from tide.core.model import MILLI, Allocation, MigAssignment, OversubscriptionError
@@ -30,6 +31,10 @@ if TYPE_CHECKING:  # pragma: no cover
 _STAMPS = itertools.count(1)  # node stamps, unique across every cluster and copy in the process
 
 
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
 def slot_mask(start: int, size: int) -> int:
     return ((1 << size) - 1) << start
 
@@ -40,6 +45,27 @@ class Cluster:
     Change the state only through ``allocate`` and ``release``: they stamp the node (``node_stamp``),
     which is how the placer's score cache knows what changed.
     """
+
+    # set by from_descriptions (annotations only: no class attributes)
+    cpu_cap: IntArray  # [N]
+    mem_cap: IntArray
+    cpu_free: IntArray
+    mem_free: IntArray
+    ngpu: IntArray
+    node_model: IntArray
+    node_stamp: IntArray
+    gpu_exists: BoolArray  # [N, G]
+    gpu_model: IntArray
+    gpu_mem_cap: IntArray
+    mig_capable: BoolArray
+    mig_enabled: BoolArray
+    mig_described: BoolArray
+    pcie: IntArray
+    numa: IntArray
+    nvlink: IntArray
+    milli_free: IntArray
+    gpu_mem_free: IntArray
+    _label_cache: dict[str, BoolArray]
 
     def __init__(self) -> None:
         self.node_ids: list[str] = []
@@ -106,7 +132,7 @@ class Cluster:
         # per node: 0 in the described state, then a process-unique stamp at every allocate/release, so
         # two clusters (e.g. a what-if copy) with the same stamp on a node hold the same state there
         c.node_stamp = np.zeros(n, dtype=np.int64)
-        c._label_cache: dict[str, np.ndarray] = {}
+        c._label_cache = {}
         return c
 
     def copy(self) -> Cluster:

@@ -42,6 +42,7 @@ from tide.core.cycle_context import (
     TimedOut,
 )
 from tide.core.job_placement import (
+    PodPlacement,
     cordoned,
     gang_capacity,
     job_demand,
@@ -103,7 +104,7 @@ def _admit_and_place(ctx: CycleContext) -> None:
         if ctx.earmark is not None and not may_use_earmarked(record, ctx.earmark, state.now, ctx.tree):
             exclude |= set(ctx.earmark.nodes)
         feedback = state.weights.get(family_of(record.spec))
-        result: list | Unfit
+        result: list[PodPlacement] | Unfit
         if check.excess:
             result = Unfit(check.excess[0].reason, True)
         else:
@@ -138,7 +139,9 @@ def _admit_and_place(ctx: CycleContext) -> None:
         _bind(ctx, record, result, feedback)
 
 
-def _bind(ctx: CycleContext, record: JobRecord, placements: list, feedback: FamilyWeights | None) -> None:
+def _bind(
+    ctx: CycleContext, record: JobRecord, placements: list[PodPlacement], feedback: FamilyWeights | None
+) -> None:
     ctx.plan.binds.append(Bind(record, placements, feedback))
     ctx.changed()
     for p in placements:
@@ -212,7 +215,7 @@ def _gang_done(record: JobRecord) -> bool:
     return any(p.state in POD_DONE_STATES for p in record.pods if p.index < record.spec.spec.gang_size)
 
 
-def _extras_for(ctx: CycleContext, record: JobRecord, feedback: FamilyWeights | None) -> list:
+def _extras_for(ctx: CycleContext, record: JobRecord, feedback: FamilyWeights | None) -> list[PodPlacement]:
     """Place the job's missing extras on ``ctx.cluster`` (allocated there), within its queues' limits."""
     state = ctx.state
     indices = missing_extras(record)

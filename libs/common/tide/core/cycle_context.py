@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tide.core.cluster import Cluster
 from tide.core.job_placement import PodPlacement, job_demand
@@ -142,7 +142,8 @@ class CycleContext:
     waiting: bool = False  # a pending job waits for room (or for its victims): no elastic extras this cycle
     moves_left: int = 4  # consolidation: jobs that may still be moved this cycle (tide.core.consolidate)
     searches_left: int = 8  # consolidation: pending jobs that may still be searched for this cycle
-    consolidation_failed: set[tuple] = field(default_factory=set)  # searches that found nothing since a change
+    # consolidation searches that found nothing since a change
+    consolidation_failed: set[tuple[Any, ...]] = field(default_factory=set)
 
     @property
     def tree(self) -> QueueTree:

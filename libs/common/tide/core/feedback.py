@@ -27,6 +27,7 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tide.schemas.feedback import AFFINITY_PREFER_NODE, APPLIED_MULTIPLIER_LABEL, FamilyWeights
 from tide.schemas.job import JobSpec
@@ -205,7 +206,7 @@ def resubmit_id(job_id: str) -> tuple[str, int]:
 
 def resubmission(
     job_id: str, spec: JobSpec, multiplier: float, device_mib: int | None, policy: FeedbackPolicy = FeedbackPolicy()
-) -> tuple[str, dict, str] | None:
+) -> tuple[str, dict[str, Any], str] | None:
     """(new job id, the spec to submit as JSON-able dict, why) for an OOM-failed job, or None with no point.
 
     Only GPU shares are resubmitted: a whole GPU or MIG instance cannot get more memory from a larger

@@ -95,12 +95,13 @@ def node_filter(cluster: Cluster, req: PodRequest) -> tuple[np.ndarray, list[str
 
 def whole_free(cluster: Cluster, req: PodRequest) -> np.ndarray:
     """[N, G] GPUs free as a whole (all milli and memory) and of an allowed model."""
-    return (
+    free: np.ndarray = (
         allowed_gpus(cluster, req)
         & ~cluster.mig_enabled
         & (cluster.milli_free == MILLI)
         & (cluster.gpu_mem_free == cluster.gpu_mem_cap)
     )
+    return free
 
 
 def share_free(cluster: Cluster, req: PodRequest) -> np.ndarray:

@@ -155,7 +155,8 @@ class FragModel:
         if d is None:
             return self.frag(free, cpu, model)
         first, inverse = d
-        return self.frag(free[first], cpu[first], model[first])[inverse]
+        states: np.ndarray = self.frag(free[first], cpu[first], model[first])[inverse]
+        return states
 
     def frag(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> np.ndarray:
         """Fragmented milli-GPU of each node state (frequency-weighted over typical pods)."""
@@ -169,7 +170,8 @@ class FragModel:
         fits = (ge >= self.count_row) & (cpu[:, None] >= self.cpu_row) & self.gpu_ok[model + 1]
         tot = total[:, None]
         frag = np.where(fits, tot - usable, tot)
-        return (frag * self.weight).sum(axis=1)  # per row, so a state scores the same in any batch
+        per_row: np.ndarray = (frag * self.weight).sum(axis=1)  # so a state scores the same in any batch
+        return per_row
 
 
 class CapacityFragModel(FragModel):
@@ -192,7 +194,8 @@ class CapacityFragModel(FragModel):
         pods = np.where(self.model_ok[model + 1] & self.is_gpu[None, :], pods, 0)
         used = pods * (self.thresholds[self.t_k] * np.maximum(self.count, 1))[None, :]
         frag = total[:, None] - np.minimum(used, total[:, None])
-        return (frag * self.weight).sum(axis=1)  # per row, so a state scores the same in any batch
+        per_row: np.ndarray = (frag * self.weight).sum(axis=1)  # so a state scores the same in any batch
+        return per_row
 
 
 def distinct_states(free: np.ndarray, cpu: np.ndarray, model: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +91,7 @@ def _node_allocations(
     cluster: Cluster, req: PodRequest, node: int, count: int, gpu_mask: np.ndarray | None
 ) -> list[Allocation]:
     node_id = cluster.node_ids[node]
-    common = {"node_id": node_id, "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib}
+    common: dict[str, Any] = {"node_id": node_id, "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib}
     if req.kind == "whole":
         free = whole_free(cluster, req)[node]
         if gpu_mask is not None:
@@ -202,7 +203,8 @@ def _fill(cluster: Cluster, cap: np.ndarray, members: list[int], n: int, free_gp
         return _choose_nodes(cap, np.array(members), n, free_gpus)
     child = Level(level - 1)
     groups = [g for g in _domains(cluster, child, members).values() if cap[g].sum() > 0]
-    left, chosen = n, []
+    left = n
+    chosen: list[tuple[int, int]] = []
     while left > 0 and groups:
         fitting = [g for g in groups if cap[g].sum() >= left]
         if fitting:
@@ -216,11 +218,11 @@ def _fill(cluster: Cluster, cap: np.ndarray, members: list[int], n: int, free_gp
     return chosen if left == 0 else []
 
 
-def _domains(cluster: Cluster, level: Level, nodes: Iterable[int]) -> dict[tuple, list[int]]:
-    groups: dict[tuple, list[int]] = {}
+def _domains(cluster: Cluster, level: Level, nodes: Iterable[int]) -> dict[tuple[str, ...], list[int]]:
+    groups: dict[tuple[str, ...], list[int]] = {}
     for i in nodes:
         if level <= Level.NODE:
-            key: tuple = (cluster.node_ids[i],)
+            key: tuple[str, ...] = (cluster.node_ids[i],)
         elif level == Level.RACK:
             key = (cluster.spines[i], cluster.racks[i])
         elif level == Level.SPINE:
@@ -284,7 +286,7 @@ def place_gang(
             mask[cluster.index[node_id]] = False
     free_gpus = (cluster.milli_free * cluster.gpu_exists).sum(axis=1)
     cap = node_capacity(cluster, req, mask)
-    best: tuple[tuple, GangPlan] | None = None
+    best: tuple[tuple[Any, ...], GangPlan] | None = None
     levels = [lv for lv in DOMAIN_LEVELS if require is None or lv <= max(require, Level.NUMA)]
     for level in levels:
         candidates: list[tuple[list[tuple[int, int]], np.ndarray | None]] = []

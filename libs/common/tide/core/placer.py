@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -272,7 +273,7 @@ def _models(req: PodRequest) -> str:
 
 
 def _cands(cluster: Cluster, req: PodRequest, nodes: np.ndarray, gpus: np.ndarray, free_after: np.ndarray,
-           **extra: np.ndarray) -> Candidates:
+           **extra: Any) -> Candidates:
     return Candidates(
         node=nodes.astype(np.int64),
         gpu=gpus.astype(np.int64),
@@ -283,7 +284,9 @@ def _cands(cluster: Cluster, req: PodRequest, nodes: np.ndarray, gpus: np.ndarra
     )
 
 
-def mig_options(cluster: Cluster, node: int, gpu: int, profile: str) -> list[tuple[int, bool, tuple]]:
+def mig_options(
+    cluster: Cluster, node: int, gpu: int, profile: str
+) -> list[tuple[int, bool, tuple[tuple[str, int], ...]]]:
     """Ways to get ``profile`` on one GPU: (start, existing, destroyed idle instances)."""
     table = profiles_for(cluster.models[cluster.gpu_model[node, gpu]])
     prof = table[profile]
@@ -294,10 +297,11 @@ def mig_options(cluster: Cluster, node: int, gpu: int, profile: str) -> list[tup
     )
     if not enabled and not untouched:
         return []  # busy with whole/share work
-    existing = [(s, True, ()) for (p, s), used in inst.items() if p == profile and not used]
+    existing: list[tuple[int, bool, tuple[tuple[str, int], ...]]] = [
+        (s, True, ()) for (p, s), used in inst.items() if p == profile and not used]
     if existing:
         return existing
-    out: list[tuple[int, bool, tuple]] = []
+    out: list[tuple[int, bool, tuple[tuple[str, int], ...]]] = []
     for start in prof.starts:
         want = slot_mask(start, prof.size)
         destroyed, mask, compute, blocked = [], 0, 0, False
@@ -349,18 +353,19 @@ def mig_preference(cluster: Cluster, cand: Candidates) -> np.ndarray:
         [bin(cluster.mig_slots_used(int(n), int(g))[0]).count("1") for n, g in zip(cand.node, cand.gpu, strict=True)]
     )
     destroyed = getattr(cand, "_mig_destroyed", np.zeros(len(cand)))
-    return (
+    preference: np.ndarray = (
         _MIG_EXISTING_BONUS * cand.mig_existing
         + _MIG_ENABLED_BONUS * enabled
         - _MIG_DESTROY_PENALTY * destroyed
         + 100.0 * used_slots
     )
+    return preference
 
 
 def allocation_at(cluster: Cluster, req: PodRequest, n: int, gpu: int, score: float,
                   positions: list[GpuPosition] | None = None) -> Allocation:
     """The allocation of a whole, share or CPU-only request on node ``n`` (``gpu``: the share's GPU)."""
-    common = {"node_id": cluster.node_ids[n], "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib,
+    common: dict[str, Any] = {"node_id": cluster.node_ids[n], "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib,
               "score": score}
     if req.kind == "whole":
         row = (cluster.gpu_exists[n] & ~cluster.mig_enabled[n] & (cluster.milli_free[n] == MILLI)
@@ -386,7 +391,8 @@ def make_allocation(cluster: Cluster, req: PodRequest, cand: Candidates, k: int,
     if req.kind != "mig":
         return allocation_at(cluster, req, n, int(cand.gpu[k]), score)
     node_id = cluster.node_ids[n]
-    common = {"node_id": node_id, "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib, "score": score}
+    common: dict[str, Any] = {"node_id": node_id, "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib,
+                              "score": score}
     assert cand.mig_start is not None and cand.mig_existing is not None
     g, start = int(cand.gpu[k]), int(cand.mig_start[k])
     opts = {s: d for s, _, d in mig_options(cluster, n, g, req.mig_profile or "")}

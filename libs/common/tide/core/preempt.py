@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tide.core.cluster import Cluster
 from tide.core.cycle_context import CycleContext, Preemption
@@ -346,16 +347,16 @@ class FailedSearches:
     AMOUNTS = ("cpu_milli", "memory_mib", "gpu_count", "gpu_milli", "gpu_mem_mib")
 
     def __init__(self) -> None:
-        self._failed: dict[tuple, list[tuple[PodRequest, tuple[int, ...], frozenset[str]]]] = {}
+        self._failed: dict[tuple[Any, ...], list[tuple[PodRequest, tuple[int, ...], frozenset[str]]]] = {}
 
     def changed(self) -> None:
         self._failed.clear()
 
-    def add(self, search: tuple, request: PodRequest, exclude: set[str]) -> None:
+    def add(self, search: tuple[Any, ...], request: PodRequest, exclude: set[str]) -> None:
         amounts = tuple(getattr(request, a) for a in self.AMOUNTS)
         self._failed.setdefault(self._key(search, request), []).append((request, amounts, frozenset(exclude)))
 
-    def covers(self, search: tuple, request: PodRequest, exclude: set[str]) -> bool:
+    def covers(self, search: tuple[Any, ...], request: PodRequest, exclude: set[str]) -> bool:
         entries = self._failed.get(self._key(search, request))
         if not entries:
             return False
@@ -370,5 +371,5 @@ class FailedSearches:
         return False
 
     @staticmethod
-    def _key(search: tuple, request: PodRequest) -> tuple:
+    def _key(search: tuple[Any, ...], request: PodRequest) -> tuple[Any, ...]:
         return (*search, request.kind, request.mig_profile, request.gpu_models, request.node_selector)

@@ -446,7 +446,7 @@ def select_victims(
     left = {q: jobs[0].borrowed for q, jobs in by_queue.items()}
     heads = {q: 0 for q in by_queue}
 
-    def rank(c: RunningJob, borrowed: float) -> tuple:
+    def rank(c: RunningJob, borrowed: float) -> tuple[bool, bool, int, float, float, float, str]:
         return (not c.extra, borrowed <= EPS, c.priority, -borrowed / c.weight, c.work_lost_s, c.gpus, c.job_id)
 
     sequence: list[RunningJob] = []

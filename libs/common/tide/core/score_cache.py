@@ -37,6 +37,7 @@ import functools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ _ALIKE_MIN = 256  # when at least this many nodes are stale, score each distinct
 _CACHE_BYTES = 32 << 20  # bound on the cached per-node arrays (entries are dropped least recently used)
 
 
-def request_key(req: PodRequest) -> tuple:
+def request_key(req: PodRequest) -> tuple[Any, ...]:
     """What a node's scores depend on (everything but the memory request)."""
     return (req.cpu_milli, req.gpu_count, req.gpu_milli, req.gpu_mem_mib, req.mig_profile, req.gpu_models,
             req.node_selector)
@@ -70,10 +71,10 @@ class NodeScoreCache:
     """Per-request-shape, per-node best scores of one placer, re-scored only where nodes changed."""
 
     def __init__(self) -> None:
-        self._static: tuple | None = None
+        self._static: tuple[Any, ...] | None = None
         self._cluster: Cluster | None = None  # the last cluster seen (its static arrays are self._static)
-        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
-        self._before: dict[tuple, tuple[tuple[FragModel, ...], list[np.ndarray], np.ndarray]] = {}
+        self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self._before: dict[tuple[int, ...], tuple[tuple[FragModel, ...], list[np.ndarray], np.ndarray]] = {}
         self._positions: dict[int, list[GpuPosition]] = {}
         self._hardware: np.ndarray | None = None  # [N] id of each node's hardware class (static arrays)
         self._snap: dict[str, np.ndarray] = {}
@@ -107,7 +108,7 @@ class NodeScoreCache:
     def _sync(self, cluster: Cluster) -> np.ndarray:
         """Track ``cluster``; returns its node stamps (what cached rows must match)."""
         stamps = cluster.node_stamp
-        if cluster is self._cluster:
+        if cluster is self._cluster and self._static is not None:  # they are set together
             static = self._static
         else:
             static = tuple(getattr(cluster, a) for a in self._STATIC + self._STATIC_LISTS)
@@ -141,7 +142,7 @@ class NodeScoreCache:
         self._stamp = stamps.copy()
         return stamps
 
-    def _same_static(self, static: tuple) -> bool:
+    def _same_static(self, static: tuple[Any, ...]) -> bool:
         assert self._static is not None
         n_arr = len(self._STATIC)
         for k, (a, b) in enumerate(zip(static, self._static, strict=True)):
@@ -173,7 +174,7 @@ class NodeScoreCache:
             pos = self._positions[node] = [cluster.position(node, g) for g in range(int(cluster.ngpu[node]))]
         return pos
 
-    def _key(self, cluster: Cluster, req: PodRequest) -> tuple:
+    def _key(self, cluster: Cluster, req: PodRequest) -> tuple[Any, ...]:
         key = request_key(req)
         return (key, *(k(cluster, req) for k in self._global)) if self._global else key
 
@@ -304,7 +305,8 @@ class BeforeFrag:
 
     def stale(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> np.ndarray:
         stamp = self._record(models)[2]
-        return nodes[stamp[nodes] != self.cluster.node_stamp[nodes]]
+        stale: np.ndarray = nodes[stamp[nodes] != self.cluster.node_stamp[nodes]]
+        return stale
 
     def update(self, models: tuple[FragModel, ...], nodes: np.ndarray, values: tuple[np.ndarray, ...]) -> None:
         _, arrays, stamp = self._record(models)

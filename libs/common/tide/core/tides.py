@@ -14,10 +14,11 @@ restore it (``tide.core.cycle.lending``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
 from enum import StrEnum
+from typing import Any, cast
 
 
 class TideState(StrEnum):
@@ -58,7 +59,7 @@ def _clock(value: str, field: str) -> time:
 
 def parse_tides(config: Mapping[str, object] | None) -> list[TideRule]:
     rules = []
-    for item in (config or {}).get("tides") or []:  # type: ignore[union-attr]
+    for item in cast("Iterable[Mapping[str, Any]]", (config or {}).get("tides") or []):
         rule = TideRule(
             lend=str(item["lend"]),
             to=str(item["to"]),

@@ -7,6 +7,7 @@ higher is better; the placer combines them with the policy's weights and selects
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -41,6 +42,8 @@ class BeforeFragCache(Protocol):
     def update(self, models: tuple[FragModel, ...], nodes: np.ndarray, values: tuple[np.ndarray, ...]) -> None: ...
 
     def get(self, models: tuple[FragModel, ...], nodes: np.ndarray) -> tuple[np.ndarray, ...]: ...
+
+    def depends_on(self, key: Callable[[Cluster, PodRequest], Hashable]) -> None: ...
 
 
 @dataclass

@@ -14,7 +14,8 @@ from tide.core.plugins.base import Context
 def bestfit_raw(ctx: Context) -> np.ndarray:
     cand = ctx.cand
     left = 0.5 * cand.cpu_after / ctx.max_cpu() + 0.5 * cand.free_after.sum(axis=1) / ctx.max_gpu_milli()
-    return 100.0 * (1.0 - left)
+    scores: np.ndarray = 100.0 * (1.0 - left)
+    return scores
 
 
 class BestFitScore:

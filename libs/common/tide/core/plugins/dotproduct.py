@@ -18,4 +18,5 @@ class DotProductScore:
         r_cpu = req.cpu_milli / ctx.max_cpu()
         r_gpu = req.total_gpu_milli / ctx.max_gpu_milli()
         # lower dot product of remaining resources with the request = tighter packing
-        return -100.0 * (cpu_free * r_cpu + gpu_free * r_gpu)
+        scores: np.ndarray = -100.0 * (cpu_free * r_cpu + gpu_free * r_gpu)
+        return scores

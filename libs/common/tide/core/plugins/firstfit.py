@@ -17,4 +17,5 @@ class FirstFitScore:
 
     def score(self, ctx: Context) -> np.ndarray:
         # node order first, then GPU index (the score depends only on the candidate's position)
-        return -(ctx.cand.node.astype(float) * 64.0 + np.maximum(ctx.cand.gpu, 0))
+        scores: np.ndarray = -(ctx.cand.node.astype(float) * 64.0 + np.maximum(ctx.cand.gpu, 0))
+        return scores

@@ -21,7 +21,7 @@ class GpuPackingScore:
         exists = cluster.gpu_exists[cand.node]
         node_busy = ((before < MILLI) & exists).any(axis=1)
         full_left = ((cand.free_after == MILLI) & exists).sum(axis=1) / max(cluster.gpu_exists.shape[1], 1)
-        score = np.where(node_busy, 50.0, 0.0) + 40.0 * (1.0 - full_left)
+        score: np.ndarray = np.where(node_busy, 50.0, 0.0) + 40.0 * (1.0 - full_left)
         if ctx.request.gpu_milli:
             g = np.maximum(cand.gpu, 0)
             on_shared = before[np.arange(len(cand)), g] < MILLI

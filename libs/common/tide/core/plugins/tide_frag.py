@@ -224,7 +224,8 @@ def share_waste_delta(ctx: Context, table: np.ndarray) -> np.ndarray:
     """Increase of the share waste (``share_waste_table``) of the GPU each share candidate takes."""
     cand = ctx.cand
     rows = np.arange(len(cand))
-    return table[cand.free_after[rows, cand.gpu]] - table[ctx.free_before[rows, cand.gpu]]
+    delta: np.ndarray = table[cand.free_after[rows, cand.gpu]] - table[ctx.free_before[rows, cand.gpu]]
+    return delta
 
 
 def stranded_delta(ctx: Context, cpu_per_milli: float) -> np.ndarray:
@@ -233,4 +234,5 @@ def stranded_delta(ctx: Context, cpu_per_milli: float) -> np.ndarray:
     cand = ctx.cand
     before = np.maximum(0.0, ctx.free_before.sum(axis=1) - ctx.cluster.cpu_free[cand.node] / cpu_per_milli)
     after = np.maximum(0.0, cand.free_after.sum(axis=1) - cand.cpu_after / cpu_per_milli)
-    return after - before
+    delta: np.ndarray = after - before
+    return delta
