@@ -190,3 +190,16 @@ async def test_extend_keeps_a_held_reservation_and_never_revives_a_lapsed_one(re
     await asyncio.sleep(0.3)
     assert not await store.extend("y:1", 30_000)
     assert await store.expire() == ["y:1"]
+
+
+async def test_commit_does_not_bring_back_the_claim_of_a_pod_that_ended_before_it(redis: Redis) -> None:
+    """A short pod can exit (and release its claim) while its gang's start is being settled, before the commit."""
+    store = ClaimStore(redis)
+    await store.set_capacity(small_node("n1", gpus=2))
+    assert (await store.reserve([claim("s", "s-0", ("n1", "g0.milli", 1000)),
+                                 claim("s", "s-1", ("n1", "g1.milli", 1000))], "s:1", 30_000))[0]
+    assert await store.release([keys.claim("s", "s-0")]) == 1
+    assert await store.commit("s:1")
+    assert await redis.exists(keys.claim("s", "s-0")) == 0
+    assert list(await store.all_claims()) == [keys.claim("s", "s-1")]
+    assert (await store.used("n1")).get("g0.milli", 0) == 0

@@ -16,7 +16,9 @@ if not raw then
   return {0, 'expired'}
 end
 for _, c in ipairs(claims) do
-  redis.call('HSET', c[1], 'resv', '')
+  if redis.call('EXISTS', c[1]) == 1 then  -- a pod that ended before the commit has released its claim already
+    redis.call('HSET', c[1], 'resv', '')
+  end
 end
 redis.call('DEL', req.rkey)
 redis.call('ZREM', RESERVATIONS, req.resv)
