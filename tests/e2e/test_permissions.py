@@ -53,6 +53,15 @@ PUBLISH: list[tuple[str, set[str], frozenset[str]]] = [
     ("$JS.API.CONSUMER.DELETE.JOBS.queue-intake", {"admin"}, ALL - {"admin"}),
     ("$JS.ACK.JOBS.queue-intake.1.1.1.1.1", {"queue"}, ALL - {"queue"}),
     ("$JS.ACK.EVENTS.metrics-events.1.1.1.1.1", {"metrics"}, ALL - {"metrics"}),
+    # dead letters (tide.bus.nats.dead_letter): each service only on its own consumers' subjects
+    ("tide.dlq.queue-intake.perm-probe", {"queue"}, ALL),
+    ("tide.dlq.placer-node-status._", {"placer"}, ALL),
+    ("tide.dlq.metrics-events._", {"metrics"}, ALL),
+    ("tide.dlq.metrics-dead-letters._", {"metrics"}, ALL),
+    ("tide.dlq.queue-intake.a.b", set(), ALL),
+    ("$JS.API.STREAM.INFO.DLQ", {"queue", "placer", "metrics", "admin"}, ALL),
+    ("$JS.API.CONSUMER.MSG.NEXT.DLQ.metrics-dead-letters", {"metrics", "admin"}, ALL - {"metrics", "admin"}),
+    ("$JS.ACK.DLQ.metrics-dead-letters.1.1.1.1.1", {"metrics"}, ALL - {"metrics"}),
 ]
 
 SUBSCRIBE: list[tuple[str, set[str]]] = [
@@ -69,6 +78,7 @@ SUBSCRIBE: list[tuple[str, set[str]]] = [
     ("_INBOX_metrics.>", {"metrics"}),
     ("_INBOX_alice.>", {"alice"}),
     ("_INBOX_n0.>", {"node-n0"}),
+    ("tide.dlq.>", set()),
     (">", set()),
 ]
 

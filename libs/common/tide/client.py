@@ -13,10 +13,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
 from tide import subjects
+from tide.bus.dead_letters import DeadLetter, is_job_token
 from tide.bus.nats import connect, nats_servers
 from tide.schemas.events import TERMINAL_STATES, CancelJob, JobEvent, JobState, new_event_id
 from tide.schemas.feedback import family_of
@@ -303,6 +305,32 @@ class TideClient:
                     found.append(JobEvent.model_validate_json(msg.data))
                 except ValueError:
                     pass
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return found
+
+    async def dead_letters(self, job_id: str, idle_s: float = 1.0) -> list[DeadLetter]:
+        """The job's dead letters kept in the DLQ stream (``tide.dlq.*.<job id>``), oldest first; none when the
+        id cannot be a subject token or the stack has no DLQ stream (an older stack)."""
+        if not is_job_token(job_id):
+            return []
+        try:
+            sub = await self.js.subscribe(subjects.job_dead_letters(job_id), stream="DLQ", ordered_consumer=True,
+                                          deliver_policy=DeliverPolicy.ALL)
+        except nats.js.errors.NotFoundError:
+            return []
+        found: list[DeadLetter] = []
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=idle_s)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    break
+                letter = DeadLetter.from_headers(msg.headers)
+                if letter is not None:
+                    found.append(letter)
                 if msg.metadata.num_pending == 0:
                     break
         finally:

@@ -105,6 +105,26 @@ API_QUEUES = f"{PREFIX}.api.queues"
 API_QUEUES_APPLY = f"{PREFIX}.api.queues.apply"  # admin: replace the queue tree at run time
 API_NODES = f"{PREFIX}.api.nodes"
 
+# Dead letters (stream DLQ): tide.dlq.<consumer durable>.<job id or "_">. A message a consumer's handler failed on
+# too often goes there with the reason (``tide.bus.dead_letters``); each service may publish only on its own
+# consumers' subjects.
+DLQ_ALL = f"{PREFIX}.dlq.>"
+NO_JOB = "_"
+
+
+def dead_letter(durable: str, job_id: str | None = None) -> str:
+    """``job_id`` must be one subject token (``tide.bus.dead_letters.job_id_of`` checks it)."""
+    return f"{PREFIX}.dlq.{durable}.{job_id or NO_JOB}"
+
+
+def dead_letters_of(durable: str) -> str:
+    """Every dead-letter subject of one consumer (a service's publish permission)."""
+    return f"{PREFIX}.dlq.{durable}.*"
+
+
+def job_dead_letters(job_id: str) -> str:
+    return f"{PREFIX}.dlq.*.{job_id}"
+
 
 @dataclass(frozen=True)
 class StreamDef:
@@ -113,6 +133,7 @@ class StreamDef:
     max_age_s: float
     max_msgs_per_subject: int = -1
     description: str = ""
+    max_msgs: int = -1
     duplicate_window_s: float = 120.0
 
 
@@ -123,6 +144,9 @@ class ConsumerDef:
     filter_subjects: list[str] = field(default_factory=list)
     ack_wait_s: float = 30.0
     max_deliver: int = 10
+    dead_letter_after: int = 5
+    """a message whose handler raised on this many deliveries goes to the DLQ stream and is acked (a transient
+    error, e.g. Redis away, waits for ``max_deliver``); ``TIDE_DEAD_LETTER_AFTER`` overrides it"""
 
 
 DAY_S = 24 * 3600.0
@@ -131,11 +155,14 @@ STREAMS: list[StreamDef] = [
     StreamDef("EVENTS", [EVENTS_ALL], 7 * DAY_S, description="job lifecycle events"),
     StreamDef("NODE", [NODE_STATUS_ALL], 7 * DAY_S, description="node agent registrations and pod status"),
     StreamDef("TELEMETRY", [TELEMETRY_ALL], 3600.0, max_msgs_per_subject=1000, description="GPU telemetry"),
+    StreamDef("DLQ", [DLQ_ALL], 7 * DAY_S, max_msgs=10_000,
+              description="dead letters: messages a service's handler failed on, with the reason"),
 ]
 
 QUEUE_INTAKE = ConsumerDef("JOBS", "queue-intake", [JOB_SUBMIT, JOB_CANCEL, JOB_SUBMIT_TENANTS, JOB_CANCEL_TENANTS])
 PLACER_NODE_STATUS = ConsumerDef("NODE", "placer-node-status", [NODE_STATUS_ALL])
 METRICS_EVENTS = ConsumerDef("EVENTS", "metrics-events", [EVENTS_ALL])
+METRICS_DEAD_LETTERS = ConsumerDef("DLQ", "metrics-dead-letters", [DLQ_ALL])  # counts them (tide_dead_letters)
 
 # The feedback loop's weights per job family (request/reply, served by the metrics service)
 API_WEIGHTS = f"{PREFIX}.api.weights"

@@ -38,6 +38,17 @@ class Known:
     read_at: float  # monotonic
 
 
+def usable_node(node_id: str, raw: str) -> NodeDescription | None:
+    """The stored description, or None (logged) when it does not parse or the core cannot build it."""
+    try:
+        node = NodeDescription.model_validate_json(raw)
+        Cluster.from_descriptions([node])
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        log.warning("node_description_refused", node_id=node_id, error=str(exc))
+        return None
+    return node
+
+
 class ClusterView:
     def __init__(self, redis: Redis, claims: ClaimStore, resync_s: float) -> None:
         self.redis = redis
@@ -48,7 +59,7 @@ class ClusterView:
         self.cluster = Cluster.from_descriptions([])
         self.allocs: dict[str, Allocation] = {}  # claim key -> allocation applied to ``cluster``
         self.known: dict[str, Known] = {}  # job id -> its record as last read or written
-        self._node_raw: dict[str, tuple[str, NodeDescription]] = {}
+        self._node_raw: dict[str, tuple[str, NodeDescription | None]] = {}
         self._nodes_version: str | None = None  # keys.NODES_VERSION when the nodes were last read
         self._built = 0.0
         self._stale = True
@@ -106,13 +117,16 @@ class ClusterView:
         return self.nodes, self.cluster, running
 
     async def _read_nodes(self) -> list[NodeDescription]:
-        """Every registered node; a description is parsed again only when its stored JSON changed."""
+        """Every registered node; a description is parsed again only when its stored JSON changed. One the
+        planner cannot build (e.g. a MIG instance its GPU model has no profile for) is left out, so that one
+        agent's bad registration cannot fail every cycle."""
         out, parsed = [], {}
         for node_id, raw in (await self.claims.node_raws()).items():
             cached = self._node_raw.get(node_id)
-            node = cached[1] if cached is not None and cached[0] == raw else NodeDescription.model_validate_json(raw)
+            node = cached[1] if cached is not None and cached[0] == raw else usable_node(node_id, raw)
             parsed[node_id] = (raw, node)
-            out.append(node)
+            if node is not None:
+                out.append(node)
         self._node_raw = parsed
         return out
 

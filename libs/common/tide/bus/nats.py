@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,9 +15,12 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
+from redis import exceptions as redis_errors
 
+from tide.bus.dead_letters import MAX_BODY, DeadLetter, describe_error, job_id_of
 from tide.schemas.events import Message
 from tide.settings import Settings
+from tide.store.claims import FencedOut
 from tide.subjects import STREAMS, ConsumerDef
 
 log = structlog.get_logger()
@@ -85,6 +89,7 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> N
             storage=StorageType.FILE,
             max_age=sd.max_age_s,
             max_msgs_per_subject=sd.max_msgs_per_subject,
+            max_msgs=sd.max_msgs,
             duplicate_window=sd.duplicate_window_s,
             description=sd.description,
             num_replicas=replicas,
@@ -104,7 +109,7 @@ STREAM_ATTEMPTS = 6
 
 
 def _same_stream(a: StreamConfig, b: StreamConfig) -> bool:
-    keys = ("subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "duplicate_window",
+    keys = ("subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "max_msgs", "duplicate_window",
             "description", "num_replicas")
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
@@ -139,6 +144,25 @@ async def publish(js: JetStreamContext, subject: str, message: Message) -> None:
 Handler = Callable[[Msg], Awaitable[None]]
 
 
+def dead_letter_after(cdef: ConsumerDef) -> int:
+    """Deliveries a handler may fail before its message is dead-lettered: ``TIDE_DEAD_LETTER_AFTER`` or the
+    consumer's own ``dead_letter_after``, never above its ``max_deliver``."""
+    raw = os.environ.get("TIDE_DEAD_LETTER_AFTER", "")
+    limit = int(raw) if raw.strip() else cdef.dead_letter_after
+    return max(1, min(limit, cdef.max_deliver))
+
+
+TRANSIENT: tuple[type[BaseException], ...] = (
+    FencedOut,  # a placer that lost the lease: the message is the new leader's
+    ConnectionError, TimeoutError, OSError,
+    redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.BusyLoadingError,
+    redis_errors.ReadOnlyError, redis_errors.TryAgainError, redis_errors.MasterDownError,
+    nats.errors.Error,
+)
+"""Errors that say nothing about the message (a server away, a failover): such a message is retried up to the
+consumer's ``max_deliver`` and dead-lettered only at its last delivery."""
+
+
 async def consume(
     js: JetStreamContext,
     cdef: ConsumerDef,
@@ -150,9 +174,13 @@ async def consume(
     """Pull from a durable, explicit-ack consumer until ``stop`` is set.
 
     The handler acks (or naks/terms) each message itself; an exception in the
-    handler naks the message so it is redelivered, up to ``max_deliver``. With
-    ``order_key``, the messages of a batch that share a key are handled in order and
-    different keys concurrently (e.g. one job's pod events in order, many jobs at once).
+    handler naks the message so it is redelivered, until it has failed
+    ``dead_letter_after`` deliveries (``max_deliver`` for a transient error): then it
+    goes to the DLQ stream with the reason and is terminated (no poison message
+    blocks or crashes a service). With ``order_key``, the messages of a batch that
+    share a key are handled in order and different keys concurrently (e.g. one job's
+    pod events in order, many jobs at once); a key function that raises puts the
+    message with the others whose key could not be read.
     """
     config = ConsumerConfig(
         durable_name=cdef.durable,
@@ -178,17 +206,68 @@ async def consume(
             continue
         groups: dict[str, list[Msg]] = {}
         for i, msg in enumerate(msgs):
-            groups.setdefault(order_key(msg) if order_key else str(i // len(msgs)), []).append(msg)
-        await asyncio.gather(*[_handle_in_order(cdef, handler, group) for group in groups.values()])
+            groups.setdefault(_key(order_key, msg) if order_key else str(i // len(msgs)), []).append(msg)
+        await asyncio.gather(*[_handle_in_order(js, cdef, handler, group) for group in groups.values()])
 
 
-async def _handle_in_order(cdef: ConsumerDef, handler: Handler, msgs: list[Msg]) -> None:
+UNKEYED = ""  # like the queue's messages that name no job: one at a time
+
+
+def _key(order_key: Callable[[Msg], str], msg: Msg) -> str:
+    """The message's order key; a key function that fails on hostile bytes (deep JSON nesting raises
+    RecursionError, a JSON list has no ``.get``) must not stop the consumer."""
+    try:
+        return order_key(msg)
+    except Exception:  # noqa: BLE001 - whatever the payload: handled one at a time with the other unkeyed
+        return UNKEYED
+
+
+async def _handle_in_order(js: JetStreamContext, cdef: ConsumerDef, handler: Handler, msgs: list[Msg]) -> None:
     for msg in msgs:
         try:
             await handler(msg)
         except Exception as exc:
-            log.exception("handler_failed", consumer=cdef.durable, subject=msg.subject, error=repr(exc))
-            try:
-                await msg.nak(delay=1.0)
-            except Exception:
-                pass
+            await _handler_failed(js, cdef, msg, exc)
+
+
+async def _handler_failed(js: JetStreamContext, cdef: ConsumerDef, msg: Msg, exc: Exception) -> None:
+    """Nak for a redelivery; dead-letter (and terminate) the message once it failed often enough."""
+    try:
+        deliveries = msg.metadata.num_delivered
+    except Exception:  # noqa: BLE001 - not a JetStream message: nothing to count
+        deliveries = 0
+    transient = isinstance(exc, TRANSIENT)
+    log.error("handler_failed", consumer=cdef.durable, subject=msg.subject, error=repr(exc), deliveries=deliveries,
+              transient=transient, exc_info=exc)
+    give_up = deliveries >= cdef.max_deliver or (not transient and deliveries >= dead_letter_after(cdef))
+    if give_up and await dead_letter(js, cdef, msg, exc, deliveries):
+        try:
+            await msg.term()
+        except Exception:  # noqa: BLE001 - the ack is lost: redelivered, and deduplicated by the DLQ
+            pass
+        return
+    try:
+        await msg.nak(delay=1.0)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+async def dead_letter(js: JetStreamContext, cdef: ConsumerDef, msg: Msg, exc: Exception, deliveries: int) -> bool:
+    """Publish ``msg`` to the DLQ stream with the reason; False when that failed (the message is nak'ed then)."""
+    try:
+        seq = msg.metadata.sequence.stream
+    except Exception:  # noqa: BLE001
+        seq = 0
+    data = msg.data or b""
+    letter = DeadLetter(consumer=cdef.durable, subject=msg.subject, stream=cdef.stream, stream_seq=seq,
+                        job_id=job_id_of(data, msg.headers), error=describe_error(exc), deliveries=deliveries,
+                        ts=time.time(), size=len(data))
+    try:
+        await js.publish(letter.dlq_subject(), data[:MAX_BODY], headers=letter.headers(), timeout=5.0)
+    except Exception as publish_exc:  # noqa: BLE001 - NATS away, or not allowed: keep redelivering
+        log.warning("dead_letter_failed", consumer=cdef.durable, subject=msg.subject, job_id=letter.job_id,
+                    error=repr(publish_exc))
+        return False
+    log.error("dead_lettered", consumer=cdef.durable, subject=msg.subject, job_id=letter.job_id,
+              error=letter.error, deliveries=deliveries, dlq_subject=letter.dlq_subject())
+    return True

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tide.bus.dead_letters import DeadLetter
 from tide.schemas.events import JobEvent
 
 # (pattern in the reason text, code): first match wins
@@ -161,7 +162,8 @@ def fmt_ts(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
 
 
-def render(record: dict[str, Any], rows: list[Row], links: dict[str, str], spec_yaml: str) -> str:
+def render(record: dict[str, Any], rows: list[Row], links: dict[str, str], spec_yaml: str,
+           letters: list[DeadLetter] | None = None) -> str:
     meta = record["spec"]["metadata"] if "spec" in record else {}
     lines = [
         f"Job:        {record['job_id']}",
@@ -197,4 +199,20 @@ def render(record: dict[str, Any], rows: list[Row], links: dict[str, str], spec_
     width = max((len(r.code) for r in rows), default=0)
     for r in rows:
         lines.append(f"  {fmt_ts(r.ts)}  {r.code:<{width}}  {r.text}")
+    if letters:
+        lines += dead_letter_lines(letters)
     return "\n".join(lines)
+
+
+def dead_letter_lines(letters: list[DeadLetter]) -> list[str]:
+    """Messages about the job that a service's handler gave up on (the DLQ stream), with the reason."""
+    lines = ["Dead letters:"]
+    for d in letters:
+        lines.append(f"  {fmt_ts(d.ts)}  consumer {d.consumer}  subject {d.subject}  after {d.deliveries} deliveries")
+        lines.append(f"    reason: {d.error or '-'}")
+    return lines
+
+
+def dead_letter_dicts(letters: list[DeadLetter]) -> list[dict[str, Any]]:
+    return [{"ts": d.ts, "consumer": d.consumer, "subject": d.subject, "reason": d.error,
+             "deliveries": d.deliveries} for d in letters]

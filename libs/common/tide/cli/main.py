@@ -497,8 +497,12 @@ def cmd_describe(args: argparse.Namespace) -> int:
             record = {"job_id": args.job, "state": "rejected", "reason": f"{r['field']}: {r['reason']}", "pods": []}
         else:
             print(f"no job {args.job!r}", file=sys.stderr)
+            letters = await client.dead_letters(args.job)  # a message naming it that no handler could take
+            if letters:
+                print("\n".join(describing.dead_letter_lines(letters)))
             return EXIT_FAIL
         events = await client.job_history(args.job)
+        letters = await client.dead_letters(args.job)
         links: dict[str, str] = {}
         for key, other in describing.related_ids(args.job).items():
             if await client.job(other) is not None:
@@ -508,10 +512,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
         fmt = args.output or "table"
         if fmt in ("json", "yaml"):
             print(dump({"job": record, "code": code, "links": links,
-                        "events": [{"ts": r.ts, "code": r.code, "text": r.text} for r in rows]}, fmt))
+                        "events": [{"ts": r.ts, "code": r.code, "text": r.text} for r in rows],
+                        "dead_letters": describing.dead_letter_dicts(letters)}, fmt))
         else:
             spec = yaml.safe_dump(describing.compact(record["spec"]), sort_keys=False) if "spec" in record else ""
-            print(describing.render(record, rows, links, spec))
+            print(describing.render(record, rows, links, spec, letters))
         return EXIT_OK
 
     return asyncio.run(_with_client(args, go))

@@ -40,6 +40,11 @@ def js_consumer(cdef: subjects.ConsumerDef) -> list[str]:
             f"$JS.API.CONSUMER.INFO.{at}", f"$JS.API.CONSUMER.MSG.NEXT.{at}", f"$JS.ACK.{at}.>"]
 
 
+def js_consumer_with_dlq(cdef: subjects.ConsumerDef) -> list[str]:
+    """Its consumer, and the dead-letter subjects of that consumer only (``tide.bus.nats.dead_letter``)."""
+    return [*js_consumer(cdef), subjects.dead_letters_of(cdef.durable)]
+
+
 def service_inbox_prefix(name: str) -> str:
     """The only inbox prefix a service may subscribe to (its requests' and JetStream publishes' replies)."""
     return f"_INBOX_{name}"
@@ -49,20 +54,21 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
     return {
         "queue": {  # creates the streams where `tide up` did not (compose); its own intake consumer
             "publish": [subjects.JOB_REJECTED, subjects.EVENTS_ALL, subjects.PLACER_KICK, *js_stream_lookup(),
-                        *js_stream_admin(), *js_consumer(subjects.QUEUE_INTAKE)],
+                        *js_stream_admin(), *js_consumer_with_dlq(subjects.QUEUE_INTAKE)],
             "subscribe": [subjects.API_STATUS, subjects.API_STATUS_TENANTS, subjects.API_QUEUES,
                           subjects.API_QUEUES_APPLY, f"{service_inbox_prefix('queue')}.>"],
         },
         "placer": {
             "publish": [subjects.EVENTS_ALL, "tide.node.*.cmd", *js_stream_lookup(),
-                        *js_consumer(subjects.PLACER_NODE_STATUS)],
+                        *js_consumer_with_dlq(subjects.PLACER_NODE_STATUS)],
             "subscribe": [subjects.PLACER_KICK, subjects.API_NODES, subjects.TELEMETRY_ALL,
                           subjects.PLACER_WEIGHTS, f"{service_inbox_prefix('placer')}.>"],
         },
         "metrics": {
             # tide.jobs.submit: the feedback loop resubmits OOM-failed jobs with a larger share
             "publish": [subjects.PLACER_WEIGHTS, subjects.JOB_SUBMIT, *js_stream_lookup(),
-                        *js_consumer(subjects.METRICS_EVENTS)],
+                        *js_consumer_with_dlq(subjects.METRICS_EVENTS),
+                        *js_consumer_with_dlq(subjects.METRICS_DEAD_LETTERS)],
             "subscribe": [subjects.EVENTS_ALL, subjects.TELEMETRY_ALL, subjects.API_WEIGHTS,
                           f"{service_inbox_prefix('metrics')}.>"],
         },
