@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from tide.core import (
     DEFAULT_POLICY,
@@ -12,6 +13,10 @@ from tide.core import (
     Unfit,
     never_fits,
 )
+from tide.core.plugins.base import Candidates, Context
+from tide.core.plugins.topology_score import TopologyScore
+
+from tests.core.conftest import gpu_node
 
 
 def place_ok(placer: Placer, c: Cluster, req: PodRequest) -> Allocation:
@@ -144,6 +149,37 @@ def test_whole_gpus_are_picked_close_together(small_nodes):
     p = Placer("topology")
     a = place_ok(p, c, PodRequest(gpu_count=2, node_selector={"pool": "training"}, gpu_models=("H100-80GB",)))
     assert a.gpu_indices in {(2, 3), (4, 5), (6, 7)}  # a full PCIe-switch pair, not (1, 2)
+
+
+def _split_pair_nodes() -> Cluster:
+    """Two alike 4 x T4 nodes (PCIe switch = index // 2) with two free GPUs each: node "a" (first in node
+    order) has GPUs 1 and 2 free, on two PCIe switches; node "b" has GPUs 2 and 3, on one switch."""
+    c = Cluster.from_descriptions([gpu_node("a", n=4), gpu_node("b", n=4)])
+    for node, taken in (("a", (0, 3)), ("b", (0, 1))):
+        c.allocate(Allocation(node, gpu_indices=taken, gpu_milli=(1000, 1000), gpu_mem_mib=(15000, 15000)))
+    return c
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_topology_policy_prefers_the_node_whose_free_gpus_are_closer(cache):
+    """The node choice, not only the GPUs inside a node: without the topology score both nodes tie and
+    the first in node order ("a", GPUs 1 and 2 across two switches) wins."""
+    req = PodRequest(gpu_count=2)
+    assert place_ok(Placer("bestfit", cache=cache), _split_pair_nodes(), req).node_id == "a"
+    a = place_ok(Placer("topology", cache=cache), _split_pair_nodes(), req)
+    assert (a.node_id, a.gpu_indices) == ("b", (2, 3))
+
+
+def test_topology_score_is_the_span_of_the_gpus_a_request_would_get():
+    c = _split_pair_nodes()
+    nodes = np.array([0, 1])
+    cand = Candidates(node=nodes, gpu=np.full(2, -1), free_after=c.milli_free[nodes], cpu_after=c.cpu_free[nodes],
+                      mem_after=c.mem_free[nodes])
+    rng = np.random.default_rng(0)
+    pair = TopologyScore().score(Context(c, PodRequest(gpu_count=2), cand, rng))
+    assert pair.tolist() == pytest.approx([100 / 3, 200 / 3])  # a: same NUMA node; b: same PCIe switch
+    assert TopologyScore().score(Context(c, PodRequest(gpu_count=1), cand, rng)).tolist() == [0, 0]
+    assert TopologyScore().score(Context(c, PodRequest(gpu_milli=500), cand, rng)).tolist() == [0, 0]
 
 
 def test_online_workload_learning(small_nodes):

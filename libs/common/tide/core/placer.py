@@ -65,7 +65,8 @@ POLICIES: dict[str, PolicySpec] = {
         PolicySpec("dotproduct", {"dotproduct": 1.0}, "Tetris-style alignment of free and requested"),
         PolicySpec("topology", {"topology": 1.0, "bestfit_fine": 0.01}, "closest GPUs, then best fit"),
         PolicySpec("fgd", {"fgd": 1.0}, "fragmentation gradient descent (reference FGD)"),
-        PolicySpec("tide", {"tide_frag": 1.0, "topology": 0.001}, "Tide: FGD refined (see tide_frag)"),
+        # no topology tie-break: the benchmarks (docs/benchmarks.md) were measured without one
+        PolicySpec("tide", {"tide_frag": 1.0}, "Tide: FGD refined (see tide_frag)"),
     )
 }
 DEFAULT_POLICY = "tide"
@@ -362,19 +363,26 @@ def mig_preference(cluster: Cluster, cand: Candidates) -> np.ndarray:
     return preference
 
 
+def whole_gpus_at(cluster: Cluster, req: PodRequest, n: int,
+                  positions: list[GpuPosition] | None = None) -> tuple[int, ...]:
+    """The GPUs a whole-GPU request gets on node ``n``: of its wholly free GPUs (of an allowed model), the
+    ``gpu_count`` closest together (``pick_gpus``). The ``topology`` plugin scores exactly these."""
+    row = (cluster.gpu_exists[n] & ~cluster.mig_enabled[n] & (cluster.milli_free[n] == MILLI)
+           & (cluster.gpu_mem_free[n] == cluster.gpu_mem_cap[n]))
+    if req.gpu_models:
+        row &= np.isin(cluster.gpu_model[n], [cluster.model_id(m) for m in req.gpu_models])
+    if positions is None:
+        positions = [cluster.position(n, g) for g in range(cluster.ngpu[n])]
+    return pick_gpus([int(g) for g in np.flatnonzero(row)], positions, req.gpu_count)
+
+
 def allocation_at(cluster: Cluster, req: PodRequest, n: int, gpu: int, score: float,
                   positions: list[GpuPosition] | None = None) -> Allocation:
     """The allocation of a whole, share or CPU-only request on node ``n`` (``gpu``: the share's GPU)."""
     common: dict[str, Any] = {"node_id": cluster.node_ids[n], "cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib,
               "score": score}
     if req.kind == "whole":
-        row = (cluster.gpu_exists[n] & ~cluster.mig_enabled[n] & (cluster.milli_free[n] == MILLI)
-               & (cluster.gpu_mem_free[n] == cluster.gpu_mem_cap[n]))
-        if req.gpu_models:
-            row &= np.isin(cluster.gpu_model[n], [cluster.model_id(m) for m in req.gpu_models])
-        if positions is None:
-            positions = [cluster.position(n, g) for g in range(cluster.ngpu[n])]
-        gpus = pick_gpus([int(g) for g in np.flatnonzero(row)], positions, req.gpu_count)
+        gpus = whole_gpus_at(cluster, req, n, positions)
         return Allocation(
             gpu_indices=gpus,
             gpu_milli=(MILLI,) * len(gpus),

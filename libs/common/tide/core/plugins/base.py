@@ -30,7 +30,6 @@ class Candidates:
     mem_after: np.ndarray  # [C]
     mig_start: np.ndarray | None = None  # [C] for MIG candidates
     mig_existing: np.ndarray | None = None  # [C] bool: an idle instance exists already
-    whole_gpus: list[tuple[int, ...]] = field(default_factory=list)  # per candidate, whole requests
 
     def __len__(self) -> int:
         return len(self.node)
