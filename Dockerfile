@@ -4,6 +4,6 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY libs ./libs
 COPY services ./services
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir '.[agent]'
 USER nobody
 CMD ["tide", "--help"]

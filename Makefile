@@ -8,7 +8,7 @@ setup: $(BIN)/tide
 $(BIN)/tide: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[all,dev]'   # every extra: agent, sim, stack (pyproject.toml)
 	touch $(BIN)/tide
 
 test: setup typecheck

@@ -4,16 +4,50 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-DEFAULT_NODES = "/work/shared/traces/openb/openb_node_list_gpu_node.csv"
+NODE_LIST = "openb_node_list_gpu_node.csv"
+TRACES_ENV = "TIDE_TRACES_DIR"
+PROJECT = Path(__file__).resolve().parents[4]
+"""the source checkout this module runs from (``libs/common/tide/cli/sim.py``); meaningless once installed"""
+
+
+def trace_dirs() -> list[Path]:
+    """Where the openb node list is looked for when ``--nodes`` is not given: ``$TIDE_TRACES_DIR``, then the
+    shipped traces beside the project (``shared/traces/openb`` inside the checkout, or next to it)."""
+    env = os.environ.get(TRACES_ENV, "").strip()
+    return [*([Path(env)] if env else []), PROJECT / "shared" / "traces" / "openb",
+            PROJECT.parent / "shared" / "traces" / "openb"]
+
+
+SIM_EXTRA = "pip install 'tide-scheduler[sim]'"
+
+
+class NoNodeList(ValueError):
+    pass
+
+
+def node_list(given: str | None) -> Path:
+    """The node list CSV: ``--nodes`` when given (it must exist), else the first default that exists."""
+    if given is not None:
+        if not Path(given).is_file():
+            raise NoNodeList(f"--nodes {given}: no such file")
+        return Path(given)
+    for folder in trace_dirs():
+        if (folder / NODE_LIST).is_file():
+            return folder / NODE_LIST
+    looked = ", ".join(str(d / NODE_LIST) for d in trace_dirs())
+    raise NoNodeList(f"no node list: pass --nodes FILE (an openb {NODE_LIST}) or set {TRACES_ENV} to the folder "
+                     f"holding it (looked at {looked})")
 
 
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trace_format", required=True)
     p = sub.add_parser("openb", help="replay an openb (Alibaba GPU v2023) trace")
-    p.add_argument("--nodes", default=DEFAULT_NODES, help="node list CSV")
+    p.add_argument("--nodes", help=f"node list CSV (default: {NODE_LIST} in ${TRACES_ENV} or the project's "
+                                   "shared/traces/openb)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--pods", help="pod list CSV")
     src.add_argument("--trace", help="openb trace by name, next to the node list: a shipped file (cpu200) or a "
@@ -26,7 +60,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=run_sim)
     r = sub.add_parser("replay", help="discrete-event replay through the live scheduling cycle (capability ladder)")
-    r.add_argument("--nodes", default=DEFAULT_NODES, help="node list CSV")
+    r.add_argument("--nodes", help="node list CSV (default: as for `sim openb`)")
     r.add_argument("--pods", help="pod list CSV (openb format, with creation/deletion times)")
     r.add_argument("--check-log", help="re-plan a placer decision log (TIDE_DECISION_LOG) and report differences")
     r.add_argument("--policy", action="append",
@@ -62,16 +96,19 @@ def run_sim(args: argparse.Namespace) -> int:
         if p not in POLICIES:
             print(f"unknown policy {p!r}; known: default, {', '.join(POLICIES)}", file=sys.stderr)
             return 2
-    nodes = load_nodes(args.nodes)
+    nodes_csv = _checked_inputs(args)
+    if nodes_csv is None:
+        return 2
+    nodes = load_nodes(nodes_csv)
     if args.trace:
         trace = args.trace
-        requests = [p.request for p in load_trace(trace, Path(args.nodes).parent)]
+        requests = [p.request for p in load_trace(trace, nodes_csv.parent)]
     else:
         trace = Path(args.pods).stem.removeprefix("openb_pod_list_")
         requests = [p.request for p in load_pods(args.pods)]
     results = []
     for policy in policies:
-        if args.no_progress or not sys.stderr.isatty():
+        if args.no_progress or not sys.stderr.isatty() or not _have("rich"):
             res = simulate(nodes, requests, policy, seed=args.seed, inflate=args.inflate, trace=trace)
         else:
             from rich.progress import Progress
@@ -139,7 +176,10 @@ def run_replay(args: argparse.Namespace) -> int:
     config = WorkloadConfig(seed=args.seed, nodes=args.slice_nodes, speedup=args.speedup, load=args.load,
                             start_day=args.start_day,
                             horizon_s=args.horizon_h * 3600 if args.horizon_h else None)
-    workload = build_workload(args.nodes, args.pods, config)
+    nodes_csv = _checked_inputs(args)
+    if nodes_csv is None:
+        return 2
+    workload = build_workload(nodes_csv, args.pods, config)
     results = []
     for caps in rungs:
         res = replay(workload, caps, tick_s=args.tick).to_dict()
@@ -162,3 +202,23 @@ def run_replay(args: argparse.Namespace) -> int:
         plot_replay(results, args.plot, title=f"openb {Path(args.pods).stem.removeprefix('openb_pod_list_')}, "
                                               f"load {args.load:g}, speedup {args.speedup:g}, seed {args.seed}")
     return 0
+
+
+def _checked_inputs(args: argparse.Namespace) -> Path | None:
+    """The node list, or None (the reason printed) when there is none or ``--plot`` cannot be drawn."""
+    try:
+        nodes_csv = node_list(args.nodes)
+    except NoNodeList as exc:
+        print(f"tide sim: {exc}", file=sys.stderr)
+        return None
+    if args.plot and not _have("matplotlib"):
+        print(f"tide sim: --plot needs matplotlib: {SIM_EXTRA}", file=sys.stderr)
+        return None
+    return nodes_csv
+
+
+def _have(module: str) -> bool:
+    """An optional package (the ``sim`` extra: rich, matplotlib) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

