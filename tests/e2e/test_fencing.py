@@ -16,7 +16,8 @@ from pathlib import Path
 import nats
 from tide import subjects
 from tide.client import TideClient
-from tide.schemas.events import StartPod
+from tide.schemas.events import NodeRegistered, StartPod
+from tide.stack.auth import node_user
 
 from tests.helpers import PY, small_node
 
@@ -159,4 +160,37 @@ async def test_a_pod_whose_start_reply_is_lost_is_settled_not_run_again(make_sta
         assert ran == [f"pair-0.a{attempts['pair']}", f"pair-1.a{attempts['pair']}",
                        f"short-0.a{attempts['short']}"], ran  # each pod ran once, in the attempt that succeeded
     finally:
+        await client.close()
+
+
+async def test_a_registration_written_before_a_pod_started_does_not_call_it_lost(make_stack, tmp_path: Path) -> None:
+    """An agent re-registers when it reconnects; under a JetStream election the message can be handled seconds
+    later, after the placer started new pods there. Such a pod is missing from the registration but runs: the
+    placer must ask the agent instead of calling it lost and running the job again."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    stack = make_stack([small_node("n0", gpus=2)])
+    client = await TideClient.connect(stack.info.settings_for("admin"))
+    user = node_user("n0")
+    agent = await nats.connect(stack.info.nats_url, user=user, password=stack.info.passwords[user],
+                               inbox_prefix=subjects.node_inbox_prefix("n0"))
+    try:
+        job = {"metadata": {"name": "long"}, "spec": {"template": {
+            "command": [PY, "-c", RUN_ONCE, "4"], "env": {"RUNS_DIR": str(runs)}, "resources": {"gpu": 1}}}}
+        assert (await client.submit(job, job_id="long")).accepted
+
+        async def running():
+            j = await client.job("long")
+            return j if j and j["state"] == "running" else None
+
+        assert await until(running, 30, 0.1)
+        old = NodeRegistered(node=small_node("n0", gpus=2), running_pods=[], exited=[], lease_s=20,
+                             fence_grace_s=5, heartbeat_s=2)  # written before the pod started
+        await agent.jetstream().publish(subjects.node_status("n0"), old.to_bytes())
+        done = await client.wait("long", timeout_s=30)
+        assert done["state"] == "succeeded" and done["attempts"] == 1, done
+        await asyncio.sleep(1)
+        assert [f.name.rsplit(".", 1)[0] for f in runs.iterdir()] == ["long-0.a1"]
+    finally:
+        await agent.close()
         await client.close()

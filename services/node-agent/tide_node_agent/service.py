@@ -45,7 +45,7 @@ from tide.schemas.events import (
 )
 from tide.schemas.node import MigInstanceDescription, NodeDescription, default_h100_node, load_node_file
 from tide.settings import Settings
-from tide.tracing import job_span
+from tide.tracing import job_span, remote_parent
 
 from tide_node_agent import logs
 from tide_node_agent.gpu import BackendUnavailable, GpuBackend, MigError, PodGpus, parse_labels, with_labels
@@ -323,7 +323,8 @@ class NodeAgent:
         try:
             command = NODE_COMMAND.validate_json(msg.data)
             self._check_lease()
-            with job_span(tracer, f"agent.{command.kind}", command.job_id, node=self.node_id, pod=command.pod):
+            with remote_parent(msg.headers), job_span(tracer, f"agent.{command.kind}", command.job_id,
+                                                      node=self.node_id, pod=command.pod):  # the placer's trace
                 if isinstance(command, StartPod):
                     ack = await self._start(command)
                 elif isinstance(command, SettlePod):
@@ -446,7 +447,7 @@ class NodeAgent:
         if fate == PodFate.ABSENT:
             self._raise_floor(cmd.job_id, parse_agent_pod_id(cmd.pod)[1] + 1)
         self._log.info("pod_settled", job_id=cmd.job_id, pod=cmd.pod, fate=fate.value)
-        return CommandAck(ok=True, fate=fate)
+        return CommandAck(ok=True, fate=fate, exited=self.recent_exits.get(key))
 
     async def _stop(self, cmd: StopPod) -> CommandAck:
         # the attempt is over on this node: a start of it that arrives late (after a stall) is refused

@@ -880,14 +880,24 @@ class PlacerService:
         log.info("node_registered", node_id=node.node_id, gpus=len(node.gpus), running=len(reg.running_pods))
         # Pods we placed on this node that the agent no longer runs ended as it says (their PodExited may
         # still be on its way: exits are applied per job, concurrently with this), or else are lost.
+        # A registration can be old by the time it is handled (an agent re-registers when it reconnects, and
+        # the message waits out a JetStream election): a pod started since is missing from it, so a missing
+        # pod is asked after (SettlePod) before it is called lost.
         running = set(reg.running_pods)
         exited = {f"{e.job_id}/{e.pod}": e for e in reg.exited}
-        for job_id, pod, attempt in await self._pods_on(node.node_id):
-            key = f"{job_id}/{agent_pod_id(pod, attempt)}"
-            if key in running:
-                continue
-            await self._pod_exited(exited.get(key) or PodExited(
-                node_id=node.node_id, job_id=job_id, pod=agent_pod_id(pod, attempt), exit_code=None,
+        missing = [(job_id, agent_pod_id(pod, attempt)) for job_id, pod, attempt in await self._pods_on(node.node_id)
+                   if f"{job_id}/{agent_pod_id(pod, attempt)}" not in running]
+        to_ask = [(job_id, pod) for job_id, pod in missing if f"{job_id}/{pod}" not in exited]
+        answers = await asyncio.gather(*[
+            self._request(node.node_id, SettlePod(job_id=job_id, pod=pod), SETTLE_ASK_S / 2) for job_id, pod in to_ask])
+        answered = {f"{job_id}/{pod}": ack for (job_id, pod), ack in zip(to_ask, answers, strict=True)}
+        for job_id, pod in missing:
+            key = f"{job_id}/{pod}"
+            ack = answered.get(key)
+            if ack is not None and ack.fate == PodFate.RUNNING:
+                continue  # started after the registration was written
+            await self._pod_exited(exited.get(key) or (ack.exited if ack else None) or PodExited(
+                node_id=node.node_id, job_id=job_id, pod=pod, exit_code=None,
                 reason=ExitReason.LOST, message="node agent restarted without it"))
         # ... and pods the agent runs that are not the current attempt of their job are stopped.
         self.reported[node.node_id] = frozenset(running)

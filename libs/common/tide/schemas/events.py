@@ -265,6 +265,7 @@ class CommandAck(BaseModel):
     ok: bool
     error: str = ""
     fate: PodFate | None = Field(default=None, description="the answer to a SettlePod")
+    exited: PodExited | None = Field(default=None, description="with fate 'exited': how the pod ended")
 
 
 class ProcessSample(BaseModel):
