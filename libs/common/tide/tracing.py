@@ -1,15 +1,26 @@
-"""OpenTelemetry tracing: one tracer per service, spans keyed by job id, OTLP export when configured."""
+"""OpenTelemetry tracing: one tracer per service, spans keyed by job id, OTLP export when configured.
+
+Trace context crosses the bus in NATS headers (W3C ``traceparent``/``tracestate``): ``trace_headers`` adds the
+current span's to what a publisher sends (``tide.bus.nats.publish``, the placer's node commands), and
+``remote_parent`` makes a received message's context current around its handler (``tide.bus.nats.consume``, the
+agent's commands), so the handler's ``job_span`` is a child of the sender's span: one trace per job path.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+W3C = TraceContextTextMapPropagator()
+TRACEPARENT = "traceparent"
 
 
 def tracer_provider(service: str, otlp_endpoint: str | None) -> TracerProvider:
@@ -46,3 +57,27 @@ def job_span(tracer: trace.Tracer, name: str, job_id: str | None, **attrs: objec
         for key, value in attrs.items():
             span.set_attribute(f"tide.{key}", str(value))
         yield span
+
+
+def trace_headers(headers: dict[str, str] | None = None) -> dict[str, str] | None:
+    """``headers`` plus the current span's W3C ``traceparent`` (and ``tracestate``); ``headers`` unchanged when no
+    span is recording a trace (tracing off: nothing is added to any message)."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return headers
+    out = dict(headers or {})
+    W3C.inject(out)
+    return out
+
+
+@contextmanager
+def remote_parent(headers: Mapping[str, str] | None) -> Iterator[None]:
+    """Make the span context a message carries (``traceparent`` header) current while handling it, so the spans
+    started meanwhile continue the sender's trace; without one, nothing changes."""
+    if not headers or TRACEPARENT not in headers:
+        yield
+        return
+    token = otel_context.attach(W3C.extract(dict(headers)))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)

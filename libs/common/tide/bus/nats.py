@@ -22,6 +22,7 @@ from tide.schemas.events import Message
 from tide.settings import Settings
 from tide.store.claims import FencedOut
 from tide.subjects import STREAMS, ConsumerDef
+from tide.tracing import remote_parent, trace_headers
 
 log = structlog.get_logger()
 
@@ -128,11 +129,13 @@ async def _create_or_update(js: JetStreamContext, config: StreamConfig) -> None:
 
 
 async def publish(js: JetStreamContext, subject: str, message: Message) -> None:
-    """Publish to JetStream with the event id as ``Nats-Msg-Id``, retrying while the server is away."""
+    """Publish to JetStream with the event id as ``Nats-Msg-Id`` and the current span's ``traceparent``, retrying
+    while the server is away."""
+    headers = trace_headers({"Nats-Msg-Id": message.event_id})
     delay = 0.2
     for attempt in range(30):
         try:
-            await js.publish(subject, message.to_bytes(), headers={"Nats-Msg-Id": message.event_id})
+            await js.publish(subject, message.to_bytes(), headers=headers)
             return
         except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError):
             if attempt == 29:
@@ -173,7 +176,8 @@ async def consume(
 ) -> None:
     """Pull from a durable, explicit-ack consumer until ``stop`` is set.
 
-    The handler acks (or naks/terms) each message itself; an exception in the
+    The handler acks (or naks/terms) each message itself, inside the trace context the message carries (its
+    ``traceparent`` header, ``tide.tracing.remote_parent``); an exception in the
     handler naks the message so it is redelivered, until it has failed
     ``dead_letter_after`` deliveries (``max_deliver`` for a transient error): then it
     goes to the DLQ stream with the reason and is terminated (no poison message
@@ -225,7 +229,8 @@ def _key(order_key: Callable[[Msg], str], msg: Msg) -> str:
 async def _handle_in_order(js: JetStreamContext, cdef: ConsumerDef, handler: Handler, msgs: list[Msg]) -> None:
     for msg in msgs:
         try:
-            await handler(msg)
+            with remote_parent(msg.headers):  # the handler's spans continue the publisher's trace
+                await handler(msg)
         except Exception as exc:
             await _handler_failed(js, cdef, msg, exc)
 
