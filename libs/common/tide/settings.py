@@ -68,6 +68,8 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="placer leader lease: it lapses this long after the leader's last renewal")
     placer_lease_renew_s: float = Field(
         default=1.0, gt=0, description="the leader renews its lease (and a standby tries to take it) this often")
+    placer_metrics_host: str = "127.0.0.1"
+    placer_metrics_port: int = Field(default=9465, ge=0, description="the placer's Prometheus /metrics; 0: not served")
 
     # metrics
     metrics_host: str = "127.0.0.1"

@@ -95,8 +95,9 @@ from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim
 from tide.store.jobs import JobStore
 from tide.store.lease import LeaderLease, transition
 from tide.store.redis import redis_for
-from tide.tracing import job_span
+from tide.tracing import job_span, trace_headers
 
+from tide_placer.metrics import PlacerMetrics
 from tide_placer.view import ClusterView
 
 log = structlog.get_logger()
@@ -153,8 +154,10 @@ class PlacerService:
         self._own_resv: set[str] = set()  # reservations this placer is starting (others': adopt or let lapse)
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
+        self.metrics = PlacerMetrics(lambda: self.last_seen)  # tide_placer_* on TIDE_PLACER_METRICS_PORT
 
     async def start(self) -> None:
+        self.metrics.serve(self.settings.placer_metrics_host, self.settings.placer_metrics_port)
         self.nc = await connect(self.settings, "tide-placer", inbox_prefix="_INBOX_placer")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
@@ -286,7 +289,7 @@ class PlacerService:
 
     # ------------------------------------------------------------ the scheduling cycle
     async def cycle(self) -> None:
-        async with self._cycle_lock:
+        async with self._cycle_lock, self.metrics.timed_cycle():
             await self._reconcile()
             await self._process_stop_requests()
             await self._place_pending()
@@ -391,6 +394,7 @@ class PlacerService:
         )
         await self._resend_extra_stops(running)
         plan = plan_cycle(state, self.placer)
+        self.metrics.observe_plan(state, plan)
         if self.settings.decision_log is not None and (plan.binds or plan.grows):
             from tide.sim.replay_log import append_decision
 
@@ -417,6 +421,7 @@ class PlacerService:
                              memory_multiplier=b.feedback.memory_multiplier, affinity=b.feedback.affinity)
                 with job_span(tracer, "placer.reserve", b.record.job_id, pods=len(b.placements)):
                     reserved = await self._reserve(b.record, b.placements, self.view.by_id, grow)
+            self.metrics.reservation(reserved is not None)
             if reserved is None:
                 return
             task = asyncio.get_running_loop().create_task(self._start_or_roll_back(reserved))
@@ -729,7 +734,8 @@ class PlacerService:
         if isinstance(command, StartPod):
             command = command.model_copy(update={"expires_at": time.time() + timeout})
         try:
-            reply = await self.nc.request(subjects.node_cmd(node_id), command.to_bytes(), timeout=timeout)
+            reply = await self.nc.request(subjects.node_cmd(node_id), command.to_bytes(), timeout=timeout,
+                                          headers=trace_headers())  # the agent's span joins this trace
         except nats.errors.Error as exc:  # timeout, no responders, a connection lost or reconnecting
             log.warning("command_unanswered", job_id=command.job_id, node_id=node_id, command=command.kind,
                         error=type(exc).__name__)
@@ -745,7 +751,7 @@ class PlacerService:
         """Send a command without waiting for an answer (to an agent that may be stalled or gone)."""
         self._must_lead(command)
         try:
-            await self.nc.publish(subjects.node_cmd(node_id), command.to_bytes())
+            await self.nc.publish(subjects.node_cmd(node_id), command.to_bytes(), headers=trace_headers())
         except Exception as exc:  # noqa: BLE001 - best effort: the heartbeat fencing catches what this misses
             log.warning("command_not_sent", job_id=command.job_id, node_id=node_id, error=repr(exc))
 
@@ -956,6 +962,7 @@ class PlacerService:
             if node_id not in lost:
                 log.warning("node_lost", node_id=node_id, silent_s=round(silent, 1))
                 await self.redis.sadd(keys.LOST_NODES, node_id)
+                self.metrics.node_lost()
                 self.view.invalidate()
             after = self.reschedule_after(node_id)
             if silent < after or node_id in self._rescheduled:

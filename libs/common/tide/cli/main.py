@@ -166,6 +166,9 @@ def print_endpoints(info: StackInfo, nodes: int) -> None:
     if info.ha:
         print(f"  Sentinels         {info.redis_sentinels} (master {info.redis_master_name}; docs/ha.md)")
     print(f"  metrics           {info.metrics_url}")
+    for name, url in info.placer_metrics_urls.items():
+        print(f"  {name + ' metrics':<17} {url}")
+    print(f"  prometheus config {info.home}/prometheus.yml (scrapes both)")
     print(f"  services          queue placer metrics ({nodes} node agents)")
     print(f"  logs              {info.home}/logs   credentials {info.home}/stack.json   health {info.home}/health.json")
 

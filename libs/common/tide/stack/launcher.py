@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import structlog
 import yaml
@@ -103,6 +104,7 @@ class StackInfo:
     ports: dict[str, int] = field(default_factory=dict)  # server process -> its client port
     monitor_ports: dict[str, int] = field(default_factory=dict)  # NATS server process -> its monitoring port
     tenants: list[str] = field(default_factory=list)  # NATS users of tenants (passwords in ``passwords``)
+    placer_metrics_urls: dict[str, str] = field(default_factory=dict)  # placer process -> its /metrics
 
     def redis_url(self, user: str) -> str:
         """In an HA stack the host and port are those of the first primary: the Sentinels name the current one."""
@@ -246,6 +248,7 @@ class Stack:
         nats_names = nats_servers(self.ha)
         ports = {name: free_port() for name in (*nats_names, *redis_servers(self.ha))}
         metrics_port = free_port()
+        placer_ports = {name: free_port() for name in self.services if service_user(name) == "placer"}
         node_file = self.home / "nodes.yaml"
         node_file.write_text(yaml.safe_dump(ClusterDescription(nodes=self.nodes).model_dump(mode="json")))
         self.info = info = StackInfo(
@@ -261,7 +264,9 @@ class Stack:
             redis_master_name=HA_MASTER_NAME if self.ha else "",
             ports=ports,
             tenants=sorted(self.tenants),
+            placer_metrics_urls={name: f"http://{HOST}:{port}/metrics" for name, port in placer_ports.items()},
         )
+        write_prometheus_config(self.home / PROMETHEUS_CONFIG, info)
         try:
             if self.ha:
                 self._start_ha_servers(info)
@@ -273,6 +278,8 @@ class Stack:
                 env = {**base, **info.env_for(user), "TIDE_READY_FILE": str(self.home / "run" / f"{name}.ready")}
                 if name == "queue":
                     env["TIDE_TENANTS_FILE"] = str(self.home / TENANTS_FILE)
+                if name in placer_ports:
+                    env["TIDE_PLACER_METRICS_PORT"] = str(placer_ports[name])
                 if name == "metrics":
                     env["TIDE_METRICS_PORT"] = str(metrics_port)
                     env["TIDE_HEALTH_FILE"] = str(self.home / HEALTH_FILE)  # tide_process_restarts_total
@@ -547,6 +554,28 @@ def run_blocking(coro: Coroutine[Any, Any, None]) -> None:
         return
     with ThreadPoolExecutor(max_workers=1) as pool:
         pool.submit(asyncio.run, coro).result()
+
+
+PROMETHEUS_CONFIG = "prometheus.yml"
+
+
+def prometheus_config(info: StackInfo, scrape_interval: str = "5s") -> dict[str, Any]:
+    """A Prometheus scrape config for the stack: the metrics service and every placer (each its own /metrics)."""
+    def targets(*urls: str) -> list[dict[str, list[str]]]:
+        return [{"targets": [urlparse(u).netloc for u in urls]}]
+
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [
+            {"job_name": "tide-metrics", "static_configs": targets(info.metrics_url)},
+            {"job_name": "tide-placer", "static_configs": targets(*info.placer_metrics_urls.values())},
+        ],
+    }
+
+
+def write_prometheus_config(path: Path, info: StackInfo) -> None:
+    """``$TIDE_HOME/prometheus.yml``: ``prometheus --config.file=...`` scrapes this stack (ports change per start)."""
+    path.write_text(yaml.safe_dump(prometheus_config(info), sort_keys=False))
 
 
 def nats_servers(ha: bool) -> list[str]:
