@@ -8,7 +8,14 @@ process (a pod "runs" for the seconds of its `sleep N` command). A load generato
 submits 1-GPU jobs through JetStream at each rate for a bounded time, and follows their events.
 Prints JSON and a one-line summary.
 
-    .venv/bin/python bench/e2e_latency.py --json [--nodes 1000] [--rates 100,300,500] [--seconds 10]
+Per rate it reports, over the window from the first submission until every job has finished: NATS messages per
+job from the server's own counters (``/varz`` in_msgs + out_msgs deltas, submissions included; the benchmark's
+observer connection, which follows the jobs' placed/running/succeeded events, is read from ``/connz`` and left
+out), and CPU seconds
+per job of every stack process (utime + stime deltas of ``/proc/<pid>/stat``), each both raw and net of what the
+idle stack (heartbeats, ticks, polls; measured for 5 s before the first rate) costs over the same time.
+
+    .venv/bin/python bench/e2e_latency.py --json [--nodes 1000] [--rates 100,400,600] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import os
 import random
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import nats
@@ -89,17 +97,37 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def nats_stats(info: StackInfo, observer: str) -> tuple[int, int, int]:
+    """(in_msgs, out_msgs) of the NATS server (``/varz``), and the messages it exchanged with the connection
+    named ``observer`` (``/connz``: in + out), which are the benchmark's, not the stack's."""
+    base = f"http://127.0.0.1:{info.monitor_ports['nats']}"
+    with urllib.request.urlopen(f"{base}/varz", timeout=5) as r:
+        varz = json.load(r)
+    own = 0
+    with urllib.request.urlopen(f"{base}/connz?limit=100000", timeout=5) as r:
+        for conn in json.load(r).get("connections", []):
+            if conn.get("name") == observer:
+                own += int(conn.get("in_msgs", 0)) + int(conn.get("out_msgs", 0))
+    return int(varz["in_msgs"]), int(varz["out_msgs"]), own
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: float, run_s: float) -> dict:
-    nc = await nats.connect(info.nats_url, user="admin", password=info.passwords["admin"])
-    js = nc.jetstream()
+OBSERVER = "bench-observer"
+
+
+async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: float, run_s: float,
+                   idle: dict[str, float]) -> dict:
+    nc = await nats.connect(info.nats_url, user="admin", password=info.passwords["admin"], name=OBSERVER)
+    load = await nats.connect(info.nats_url, user="admin", password=info.passwords["admin"], name="bench-load")
+    js = load.jetstream()  # submissions are the jobs' own messages: counted with the stack's
     submitted: dict[str, float] = {}
     placed: dict[str, float] = {}
     running: dict[str, float] = {}
+    finished: dict[str, float] = {}
 
     async def on_event(msg) -> None:
         event = JobEvent.model_validate_json(msg.data)
@@ -108,9 +136,13 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
                 placed.setdefault(event.job_id, time.monotonic())
             elif event.kind == "running":
                 running.setdefault(event.job_id, time.monotonic())
+            else:
+                finished.setdefault(event.job_id, time.monotonic())
 
-    await nc.subscribe("tide.events.job.*.placed", cb=on_event)
-    await nc.subscribe("tide.events.job.*.running", cb=on_event)
+    for kind in ("placed", "running", "succeeded", "failed"):
+        await nc.subscribe(f"tide.events.job.*.{kind}", cb=on_event)
+    await nc.flush()
+    msgs0 = nats_stats(info, OBSERVER)
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     own0, wall0 = time.process_time(), time.monotonic()
     spec = {"metadata": {"name": "lat"}, "spec": {"template": {"command": ["sleep", str(run_s)],
@@ -127,27 +159,47 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         submitted[job_id] = time.monotonic()
         await js.publish(subjects.JOB_SUBMIT, body, headers={"Tide-Job-Id": job_id})
     offered_s = time.monotonic() - start
-    deadline = time.monotonic() + 60
-    while len(running) < n and time.monotonic() < deadline:
+    deadline = time.monotonic() + 90
+    while len(finished) < n and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
+    await asyncio.sleep(0.2)  # the last events' acks
     cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     own_cpu, wall = time.process_time() - own0, time.monotonic() - wall0
+    msgs1 = nats_stats(info, OBSERVER)
     await nc.close()
+    await load.close()
     to_placed = [(placed[j] - submitted[j]) * 1000 for j in placed]
     to_running = [(running[j] - submitted[j]) * 1000 for j in running]
     last = max(placed.values(), default=start)
+    done = max(len(finished), 1)
+    in_msgs, out_msgs, observer = (b - a for a, b in zip(msgs0, msgs1, strict=True))
+    stack_msgs = in_msgs + out_msgs - observer
+    idle_msgs = idle["nats_msgs_per_s"] * wall
+    cpu_ms = {name: c * 1000 / done for name, c in cpu.items()}
+    net_ms = {name: max(0.0, (c - idle[name] * wall) * 1000 / done) for name, c in cpu.items()}
     return {
         "rate_offered": rate,
         "jobs": n,
         "offered_rate_achieved": round(n / offered_s, 1),
         "placed": len(placed),
+        "finished": len(finished),
         "sustained_placed_per_s": round(len(placed) / max(last - start, 1e-9), 1),
         "submit_to_placed_ms": {"p50": round(pct(to_placed, 0.5), 1), "p99": round(pct(to_placed, 0.99), 1)},
         "submit_to_running_ms": {"p50": round(pct(to_running, 0.5), 1), "p99": round(pct(to_running, 0.99), 1)},
+        "window_s": round(wall, 1),
+        # NATS messages per job from the server's counters (in + out), without the observer's own traffic
+        "nats_msgs_per_job": round(stack_msgs / done, 1),
+        "nats_msgs_per_job_net_of_idle": round((stack_msgs - idle_msgs) / done, 1),
+        "nats_in_out_per_job": [round(in_msgs / done, 1), round(out_msgs / done, 1)],
+        "observer_msgs_per_job": round(observer / done, 1),
         "placer_cpu_ms_per_decision": round(cpu["placer"] * 1000 / max(len(placed), 1), 2),
-        # CPU of each process of the stack per job that ran (submit to exit), in ms
-        "cpu_ms_per_job": {name: round(c * 1000 / max(len(running), 1), 2) for name, c in cpu.items()},
-        "load_generator_and_agents_cores": round(own_cpu / wall, 2),  # this process's share of the 2 cores
+        # CPU of each process of the stack per finished job (submit to exit), in ms: raw, and net of idle
+        "cpu_ms_per_job": {name: round(c, 2) for name, c in cpu_ms.items()},
+        "cpu_ms_per_job_total": round(sum(cpu_ms.values()), 2),
+        "cpu_ms_per_job_net_of_idle": {name: round(c, 2) for name, c in net_ms.items()},
+        "cpu_ms_per_job_net_of_idle_total": round(sum(net_ms.values()), 2),
+        "load_generator_and_agents_cpu_ms_per_job": round(own_cpu * 1000 / done, 2),
+        "load_generator_and_agents_cores": round(own_cpu / wall, 2),  # this process's share of the cores
     }
 
 
@@ -180,14 +232,19 @@ async def main_async(args: argparse.Namespace) -> dict:
                 await asyncio.sleep(0.5)
             await admin.close()
             pids = {name: p.pid for name, p in stack.procs.items()}
+            await asyncio.sleep(2)  # registrations settle
             idle0, wall0 = {name: cpu_seconds(pid) for name, pid in pids.items()}, time.monotonic()
+            msgs0 = nats_stats(info, OBSERVER)
             await asyncio.sleep(5)  # no jobs: what heartbeats, ticks and polls cost on their own
-            idle_cores = {name: round((cpu_seconds(pid) - idle0[name]) / (time.monotonic() - wall0), 3)
-                          for name, pid in pids.items()}
+            msgs1 = nats_stats(info, OBSERVER)
+            idle_wall = time.monotonic() - wall0
+            idle = {name: (cpu_seconds(pid) - idle0[name]) / idle_wall for name, pid in pids.items()}
+            idle["nats_msgs_per_s"] = (msgs1[0] + msgs1[1] - msgs0[0] - msgs0[1]) / idle_wall
+            idle_cores = {name: round(v, 3) for name, v in idle.items() if name in pids}
             results = []
             for rate in [int(r) for r in args.rates.split(",")]:
-                results.append(await run_rate(info, pids, rate, args.seconds, args.run_s))
-                await asyncio.sleep(args.run_s + 2)  # let the pods of this rate end
+                results.append(await run_rate(info, pids, rate, args.seconds, args.run_s, idle))
+                await asyncio.sleep(1)  # every job of this rate has finished: let the stack settle
             stop.set()
             await beating
         finally:
@@ -196,13 +253,13 @@ async def main_async(args: argparse.Namespace) -> dict:
             await loop.run_in_executor(None, stack.stop)
     return {"bench": "e2e_latency", "nodes": args.nodes, "seconds_per_rate": args.seconds,
             "machine": f"{os.cpu_count()} CPUs shared by the load generator, the simulated agents and every service",
-            "idle_cores": idle_cores, "rates": results}
+            "idle_cores": idle_cores, "idle_nats_msgs_per_s": round(idle["nats_msgs_per_s"], 1), "rates": results}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--rates", default="100,300,500")
+    parser.add_argument("--rates", default="100,400,600")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each rate is offered")
     parser.add_argument("--run-s", type=float, default=2.0, help="how long each job runs")
     parser.add_argument("--json", action="store_true")
@@ -212,7 +269,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     parts = [f"{r['rate_offered']}/s: placed p50 {r['submit_to_placed_ms']['p50']} ms p99 "
-             f"{r['submit_to_placed_ms']['p99']} ms, sustained {r['sustained_placed_per_s']}/s"
+             f"{r['submit_to_placed_ms']['p99']} ms, sustained {r['sustained_placed_per_s']}/s, "
+             f"{r['nats_msgs_per_job_net_of_idle']} NATS msgs/job, "
+             f"{r['cpu_ms_per_job_net_of_idle_total']} ms CPU/job (net of idle)"
              for r in result["rates"]]
     print(f"e2e_latency on {result['nodes']} nodes: " + "; ".join(parts))
 

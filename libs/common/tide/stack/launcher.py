@@ -312,9 +312,11 @@ class Stack:
 
     def _start_servers(self, info: StackInfo, nats_port: int, redis_port: int) -> None:
         conf = self.home / "nats" / "nats.conf"
+        monitor = info.monitor_ports["nats"] = free_port()  # /varz, /connz on the loopback (bench/e2e_latency.py)
         conf.write_text(
             nats_config(nats_port, str(self.home / "nats" / "store"), info.passwords, info.node_ids, HOST,
                         tenants=info.tenants)
+            + f"http: {json.dumps(f'{HOST}:{monitor}')}\n"
         )
         conf.chmod(0o600)
         self._spawn("nats", [nats_server_binary(), "-c", str(conf)], {})
