@@ -214,10 +214,6 @@ async def test_gangs_completing_while_nats_is_down_are_not_run_again(make_stack,
 
 
 # ---------------------------------------------------------------- the same faults on the HA set-up (docs/ha.md)
-@pytest.mark.xfail(strict=False, reason=(
-    "open bug, intermittent (1 of 3 runs here): a gang that started and completed around the Valkey "
-    "primary's kill ran again after the failover (completed_twice = 4): replication to the replica is "
-    "asynchronous, so the promoted replica can miss the attempt's last writes"))
 async def test_ha_redis_primary_killed_and_kept_down(make_stack, tmp_path: Path) -> None:
     """HA: the Valkey primary killed and kept down (no restart): a Sentinel promotes the replica and the
     services follow it; the checks read Redis through the Sentinels too."""
@@ -230,11 +226,6 @@ async def test_ha_redis_primary_killed_and_kept_down(make_stack, tmp_path: Path)
     assert_invariants(report)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open bug, intermittent (1 of 4 runs here): when the NATS server the placer uses dies, single-pod jobs "
-    "whose pods started and completed around the kill are rolled back and run again (completed_twice = 5 "
-    "in one CI run): the start reply or the pod's start report is lost with the server, the attempt is "
-    "rolled back though its pod ran"))
 async def test_ha_nats_server_of_the_placer_killed(make_stack, tmp_path: Path) -> None:
     """HA: the NATS server the placer is connected to killed, restarted 3 s later; the placer and agents
     reconnect to the other servers and the streams (3 replicas) elect new leaders."""
@@ -274,11 +265,6 @@ def jetstream_meta_leader(stack) -> str:
     raise AssertionError("no JetStream meta leader")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open bug, intermittent (1 of 4 runs here): when the NATS server the placer uses dies, single-pod jobs "
-    "whose pods started and completed around the kill are rolled back and run again (completed_twice = 5 "
-    "in one CI run): the start reply or the pod's start report is lost with the server, the attempt is "
-    "rolled back though its pod ran"))
 async def test_ha_jetstream_meta_leader_killed(make_stack, tmp_path: Path) -> None:
     """HA: the NATS server leading the JetStream meta group killed, restarted 3 s later."""
 
