@@ -102,9 +102,14 @@ class PlacerMetrics:
 
     def serve(self, host: str, port: int) -> None:
         """Serve /metrics (a thread of prometheus_client's); port 0: not served."""
-        if port:
+        if not port:
+            return
+        try:
             start_http_server(port, addr=host, registry=self.registry)
-            log.info("placer_metrics_serving", host=host, port=port)
+        except OSError as exc:  # a port taken must not keep the placer from placing
+            log.error("placer_metrics_not_served", host=host, port=port, error=str(exc))
+            return
+        log.info("placer_metrics_serving", host=host, port=port)
 
     # ------------------------------------------------------------ hooks
     @asynccontextmanager
