@@ -15,7 +15,7 @@ from tide.schemas.events import CancelJob
 from tide.stack.auth import Tenant
 from tide.stack.launcher import Stack
 
-from tests.helpers import job, small_node
+from tests.helpers import job, py, small_node
 
 TENANTS = [Tenant("alice", queues=["team-a"], max_priority="offline-training"),
            Tenant("bob", queues=["team-b"], max_priority="online-serving")]
@@ -98,23 +98,34 @@ async def test_tenant_cannot_use_admin_or_other_tenants_subjects(tenant_stack: S
     nc = await nats.connect(info.nats_url, user="alice", password=info.passwords["alice"], error_cb=on_error,
                             inbox_prefix="_INBOX_alice", max_reconnect_attempts=0)
     try:
+        # the read paths a tenant must not take itself: other tenants' status/history/logs subjects, a node's logs
+        # subject, and the EVENTS and DLQ streams (per-job subjects, consumers, single messages)
+        denied_publish = ("tide.jobs.submit", "tide.jobs.submit.bob", "tide.jobs.cancel.bob", "tide.api.status.bob",
+                          "tide.api.history.bob", "tide.api.logs.bob", "tide.api.history", "tide.api.logs",
+                          "tide.node.n0.logs", "tide.api.queues.apply", "$js.api.stream.info.jobs",
+                          "$js.api.stream.msg.get.events", "$js.api.direct.get.events",
+                          "$js.api.consumer.create.events", "$js.api.stream.msg.get.dlq")
         for subject in (subjects.JOB_SUBMIT, subjects.job_submit_as("bob"), subjects.JOB_CANCEL,
                         subjects.job_cancel_as("bob"), subjects.API_STATUS, subjects.api_status_as("bob"),
-                        subjects.API_QUEUES_APPLY, "$JS.API.STREAM.INFO.JOBS"):
+                        subjects.api_history_as("bob"), subjects.api_logs_as("bob"), subjects.API_HISTORY,
+                        subjects.API_LOGS, subjects.node_logs("n0"), subjects.API_QUEUES_APPLY,
+                        "$JS.API.STREAM.INFO.JOBS", "$JS.API.STREAM.MSG.GET.EVENTS", "$JS.API.DIRECT.GET.EVENTS",
+                        "$JS.API.CONSUMER.CREATE.EVENTS", "$JS.API.STREAM.MSG.GET.DLQ"):
             await nc.publish(subject, b"{}")
-        await nc.subscribe(subjects.EVENTS_ALL)
-        await nc.subscribe("_INBOX.>")
+        denied_subscribe = (subjects.EVENTS_ALL, subjects.job_events("bob-1"), subjects.DLQ_ALL,
+                            subjects.NODE_LOGS_ALL, "_INBOX.>")
+        for subject in denied_subscribe:
+            await nc.subscribe(subject)
         await nc.flush()
-        for _ in range(60):
-            if len(errors) >= 10:
+        for _ in range(100):
+            if len(errors) >= len(denied_publish) + len(denied_subscribe) + 1:
                 break
             await asyncio.sleep(0.05)
         text = " ".join(str(e) for e in errors).lower()
-        for subject in ("tide.jobs.submit", "tide.jobs.submit.bob", "tide.jobs.cancel.bob", "tide.api.status.bob",
-                        "tide.api.queues.apply", "$js.api.stream.info.jobs"):
+        for subject in denied_publish:
             assert f'permissions violation for publish to "{subject}"' in text, subject
-        assert 'permissions violation for subscription to "tide.events.>"' in text
-        assert 'permissions violation for subscription to "_inbox.>"' in text
+        for subject in denied_subscribe:
+            assert f'permissions violation for subscription to "{subject.lower()}"' in text, subject
         # a cancel forged for bob's subject never reaches the stream
         admin = await nats.connect(info.nats_url, user="admin", password=info.passwords["admin"])
         try:
@@ -184,3 +195,85 @@ async def test_pending_limits(make_stack) -> None:
     finally:
         await alice.close()
         await admin.close()
+
+
+def run_cli(home: str, capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["--home", home, *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def talker(name: str, line: str) -> dict:
+    """A job that prints ``line`` and then stays running."""
+    s = job(name, py(f"import time; print({line!r}, flush=True); time.sleep(300)"), gpu=1)
+    s["metadata"]["queue"] = "team-a" if name.startswith("alice") else "team-b"
+    return s
+
+
+async def test_tenant_reads_only_its_own_jobs_on_every_read_path(tenant_stack: Stack, capsys) -> None:
+    """status, the job list, describe (events and dead letters), logs, wait and watch, through the CLI and the
+    wire: a tenant reads its own jobs, never another's; the admin reads all."""
+    alice = await as_user(tenant_stack, "alice")
+    bob = await as_user(tenant_stack, "bob")
+    home = str(tenant_stack.home)
+    try:
+        assert (await bob.submit(talker("bob-1", "bob-secret-output"), job_id="bob-1")).accepted
+        assert (await alice.submit(talker("alice-1", "alice-output"), job_id="alice-1")).accepted
+        for client, job_id in ((bob, "bob-1"), (alice, "alice-1")):
+            await client.wait(job_id, states={"running"}, timeout_s=30)
+
+        def cli(*argv: str) -> tuple[int, str, str]:
+            return run_cli(home, capsys, *argv)
+
+        # status and the job list
+        code, out, err = await asyncio.to_thread(cli, "--user", "alice", "status", "bob-1")
+        assert code == 1 and "no job 'bob-1'" in err and "bob" not in out
+        code, out, _ = await asyncio.to_thread(cli, "--user", "alice", "status", "--json")
+        assert code == 0 and [r["job_id"] for r in json.loads(out)] == ["alice-1"]
+        # describe: the tenant's own job with its events (read by the queue for it), not another's
+        code, out, err = await asyncio.to_thread(cli, "--user", "alice", "describe", "alice-1")
+        assert code == 0, err
+        assert "Queued" in out and "Running" in out and "(none kept in the EVENTS stream)" not in out, out
+        code, out, err = await asyncio.to_thread(cli, "--user", "alice", "describe", "bob-1", "-o", "json")
+        assert code == 1 and "no job 'bob-1'" in err and out == "", (out, err)
+        # logs: the tenant's own pods' output, through the queue; another's job is "no job"
+        code, out, err = await asyncio.to_thread(cli, "--user", "alice", "logs", "alice-1")
+        assert code == 0 and "alice-output" in out, (out, err)
+        code, out, err = await asyncio.to_thread(cli, "--user", "alice", "logs", "bob-1")
+        assert code == 1 and "no job 'bob-1'" in err and "bob-secret-output" not in out
+        # watch streams every job's events: the admin's only, said plainly
+        code, _, err = await asyncio.to_thread(cli, "--user", "alice", "watch")
+        assert code == 2 and "admin" in err
+        # wait: another's job never shows
+        with pytest.raises(TimeoutError):
+            await alice.wait("bob-1", timeout_s=1.5)
+        assert [e.kind for e in await alice.job_history("bob-1")] == []
+
+        # the wire: the queue answers a tenant's history and logs requests only for its own jobs
+        history = await alice.request(subjects.API_HISTORY, json.dumps({"job_id": "bob-1"}).encode())
+        assert history["events"] == [] and history["dead_letters"] == [] and "no job" in history["error"]
+        pod = (await bob.job("bob-1"))["pods"][0]
+        node = pod["node"]
+        for request in ({"job_id": "bob-1"}, {"job_id": "bob-1", "pod": f"{pod['name']}.a1"}):
+            reply = await alice.request(subjects.API_LOGS, json.dumps({"node": node, "request": request}).encode())
+            assert reply == {"ok": False, "error": "no job 'bob-1'"}, reply
+        # its own job's id cannot reach another job's files either (the agent reads <job>/<pod> names only)
+        sneaky = {"job_id": "alice-1", "pod": f"{pod['name']}.a1"}
+        reply = await alice.request(subjects.API_LOGS, json.dumps({"node": node, "request": sneaky}).encode())
+        assert not reply["ok"] and "bob-secret-output" not in json.dumps(reply)
+        for request in ({"job_id": "alice-1", "pod": "../bob-1/bob-1-0.a1"}, {"job_id": "../bob-1"}):
+            reply = await alice.request(subjects.API_LOGS, json.dumps({"node": node, "request": request}).encode())
+            assert not reply["ok"], reply
+        bad_node = await alice.request(subjects.API_LOGS, json.dumps({"node": "*", "request": {"job_id": "alice-1"}})
+                                       .encode())
+        assert bad_node == {"ok": False, "error": "bad node '*'"}
+
+        # the admin sees everything
+        code, out, _ = await asyncio.to_thread(cli, "describe", "bob-1")
+        assert code == 0 and "Job:        bob-1" in out and "Running" in out
+        code, out, _ = await asyncio.to_thread(cli, "logs", "bob-1")
+        assert code == 0 and "bob-secret-output" in out
+    finally:
+        for c in (alice, bob):
+            await c.close()

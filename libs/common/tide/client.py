@@ -25,6 +25,8 @@ from tide.schemas.feedback import family_of
 from tide.schemas.job import JobSpec
 from tide.settings import Settings
 
+TENANT_NO_WATCH = ("`tide watch` streams every job's events, so it is the admin's; a tenant follows its own jobs "
+                   "with `tide status`, `tide describe JOB` and `tide wait`/`--wait`")
 FINAL_FOR_WAIT = {s.value for s in TERMINAL_STATES} | {JobState.UNSCHEDULABLE.value}
 
 
@@ -56,6 +58,8 @@ class NodeNotAnswering(Exception):
 # which service answers which request subject
 SERVICE_OF = {
     subjects.API_STATUS: "queue",
+    subjects.API_HISTORY: "queue",
+    subjects.API_LOGS: "queue",
     subjects.API_QUEUES: "queue",
     subjects.API_QUEUES_APPLY: "queue",
     subjects.API_NODES: "placer",
@@ -92,6 +96,10 @@ class TideClient:
         self.submit_subject = subjects.job_submit_as(tenant) if tenant else subjects.JOB_SUBMIT
         self.cancel_subject = subjects.job_cancel_as(tenant) if tenant else subjects.JOB_CANCEL
         self.status_subject = subjects.api_status_as(tenant) if tenant else subjects.API_STATUS
+        # a tenant may not read the EVENTS and DLQ streams nor ask nodes for logs: the queue does it for it,
+        # for its own jobs only (docs/security.md)
+        self.history_subject = subjects.api_history_as(tenant) if tenant else None
+        self.logs_subject = subjects.api_logs_as(tenant) if tenant else None
         self.nc = nc
         self.js = nc.jetstream()
         self.url = url or (str(nc.connected_url.geturl()) if nc.connected_url else "")
@@ -119,11 +127,16 @@ class TideClient:
     async def request(self, subject: str, data: bytes, timeout_s: float = 5.0) -> Any:
         """A request to a service's API; ServiceUnavailable when nobody answers."""
         try:
-            reply = await self.nc.request(self.status_subject if subject == subjects.API_STATUS else subject, data,
-                                          timeout=timeout_s)
+            reply = await self.nc.request(self._as_user(subject), data, timeout=timeout_s)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError) as exc:
             raise ServiceUnavailable(SERVICE_OF.get(subject, subject), self.url) from exc
         return json.loads(reply.data)
+
+    def _as_user(self, subject: str) -> str:
+        """The subject this client sends an API request on: a tenant's own for status, history and logs."""
+        mine = {subjects.API_STATUS: self.status_subject, subjects.API_HISTORY: self.history_subject,
+                subjects.API_LOGS: self.logs_subject}
+        return mine.get(subject) or subject
 
     async def submit(
         self, spec: Any, job_id: str | None = None, timeout_s: float = 15.0, attempts: int = 3
@@ -280,7 +293,14 @@ class TideClient:
 
     async def node_logs(self, node_id: str, request: dict[str, Any], timeout_s: float = 3.0) -> dict[str, Any]:
         """Ask a node agent for pod logs (tide_node_agent/logs.py has the request and reply); NodeNotAnswering
-        when it does not answer."""
+        when it does not answer. A tenant's request goes through the queue, which forwards it only for the
+        tenant's own job (else ``{"ok": false, "error": "no job ..."}``)."""
+        if self.tenant:
+            body = await self.request(subjects.API_LOGS, json.dumps(
+                {"node": node_id, "request": request, "timeout_s": timeout_s}).encode(), timeout_s + 2.0)
+            if body.get("unreachable"):
+                raise NodeNotAnswering(node_id)
+            return dict(body)
         try:
             reply = await self.nc.request(subjects.node_logs(node_id), json.dumps(request).encode(),
                                           timeout=timeout_s)
@@ -291,7 +311,11 @@ class TideClient:
 
     async def job_history(self, job_id: str, idle_s: float = 1.0) -> list[JobEvent]:
         """Every event of the job kept in the EVENTS stream, oldest first (an ordered consumer of
-        ``tide.events.job.<id>.>``, read until nothing is pending)."""
+        ``tide.events.job.<id>.>``, read until nothing is pending). A tenant asks the queue, which answers only
+        for the tenant's own job (none otherwise)."""
+        if self.tenant:
+            body = await self._history(job_id)
+            return [JobEvent.model_validate(e) for e in body.get("events", [])]
         sub = await self.js.subscribe(subjects.job_events(job_id), stream="EVENTS", ordered_consumer=True,
                                       deliver_policy=DeliverPolicy.ALL)
         found: list[JobEvent] = []
@@ -313,9 +337,13 @@ class TideClient:
 
     async def dead_letters(self, job_id: str, idle_s: float = 1.0) -> list[DeadLetter]:
         """The job's dead letters kept in the DLQ stream (``tide.dlq.*.<job id>``), oldest first; none when the
-        id cannot be a subject token or the stack has no DLQ stream (an older stack)."""
+        id cannot be a subject token or the stack has no DLQ stream (an older stack). A tenant's come from the
+        queue: those of its own job, and of messages it sent itself naming the id."""
         if not is_job_token(job_id):
             return []
+        if self.tenant:
+            body = await self._history(job_id)
+            return [DeadLetter.model_validate(d) for d in body.get("dead_letters", [])]
         try:
             sub = await self.js.subscribe(subjects.job_dead_letters(job_id), stream="DLQ", ordered_consumer=True,
                                           deliver_policy=DeliverPolicy.ALL)
@@ -337,7 +365,14 @@ class TideClient:
             await sub.unsubscribe()
         return found
 
+    async def _history(self, job_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = await self.request(subjects.API_HISTORY, json.dumps({"job_id": job_id}).encode())
+        return body
+
     async def events(self) -> AsyncIterator[JobEvent]:
+        """Every job's events as they happen (the admin's only: a tenant may not subscribe to them)."""
+        if self.tenant:
+            raise PermissionError(TENANT_NO_WATCH)
         sub = await self.nc.subscribe(subjects.JOB_EVENTS_ALL)
         try:
             async for msg in sub.messages:

@@ -30,8 +30,8 @@ def job_cancel_as(tenant: str) -> str:
 
 
 def tenant_of(subject: str) -> str | None:
-    """The tenant a submit/cancel/status subject speaks for; None for the admin's plain subjects."""
-    for base in (JOB_SUBMIT, JOB_CANCEL, f"{PREFIX}.api.status"):
+    """The tenant a submit/cancel/status/history/logs subject speaks for; None for the admin's plain subjects."""
+    for base in (JOB_SUBMIT, JOB_CANCEL, f"{PREFIX}.api.status", f"{PREFIX}.api.history", f"{PREFIX}.api.logs"):
         if subject.startswith(base + "."):
             return subject[len(base) + 1:]
     return None
@@ -99,6 +99,23 @@ API_STATUS_TENANTS = f"{PREFIX}.api.status.*"  # a tenant's status requests: onl
 
 def api_status_as(tenant: str) -> str:
     return f"{API_STATUS}.{tenant}"
+
+
+# A tenant's reads of one of its jobs that the servers cannot confine by subject (the EVENTS and DLQ streams are
+# keyed by job id, a node's logs subject by node): the queue checks that the job is the tenant's, then reads the
+# job's events and dead letters, or forwards the logs request to the node, for it (docs/security.md).
+API_HISTORY = f"{PREFIX}.api.history"
+API_HISTORY_TENANTS = f"{PREFIX}.api.history.*"
+API_LOGS = f"{PREFIX}.api.logs"
+API_LOGS_TENANTS = f"{PREFIX}.api.logs.*"
+
+
+def api_history_as(tenant: str) -> str:
+    return f"{API_HISTORY}.{tenant}"
+
+
+def api_logs_as(tenant: str) -> str:
+    return f"{API_LOGS}.{tenant}"
 
 
 API_QUEUES = f"{PREFIX}.api.queues"

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from collections.abc import Coroutine
+from typing import Any
 
+import nats.errors
+import nats.js.errors
 import structlog
 import yaml
 from nats.aio.msg import Msg
+from nats.js.api import RawStreamMsg
 from opentelemetry import trace
 from tide import subjects
+from tide.bus.dead_letters import DeadLetter, is_job_token
 from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
 from tide.core.job_placement import job_demand
 from tide.core.lifecycle import request_cancel
@@ -19,6 +26,7 @@ from tide.core.queues import QueueTree
 from tide.core.tides import parse_tides
 from tide.events import publish_job_event
 from tide.schemas.events import (
+    JOB_ID_PATTERN,
     CancelJob,
     JobEvent,
     JobRecord,
@@ -27,6 +35,7 @@ from tide.schemas.events import (
     PodRecord,
     SubmitJob,
 )
+from tide.schemas.node import NODE_ID_PATTERN
 from tide.settings import Settings
 from tide.stack.auth import Tenant, load_tenants, service_inbox_prefix
 from tide.store import keys
@@ -39,6 +48,11 @@ from tide_queue.validation import check_tenant, parse_submission
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.queue")
 REJECTION_TTL_S = 24 * 3600
+HISTORY_MAX_EVENTS = 2000  # a tenant's `tide describe`: at most this many events of one job
+HISTORY_MAX_BYTES = 512 * 1024  # and this many bytes of them (the reply stays under NATS's max_payload)
+LOGS_TIMEOUT_S = 3.0  # a forwarded logs request waits this long for the node (the client may ask for up to 10 s)
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+_NODE_ID = re.compile(NODE_ID_PATTERN)
 
 
 class QueueService:
@@ -46,6 +60,7 @@ class QueueService:
         self.settings = settings
         self._tenants: dict[str, Tenant] = {}
         self._tenants_mtime: float | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def tenants(self) -> dict[str, Tenant]:
         """The tenants' policies, re-read whenever ``tide user add`` rewrote the file."""
@@ -68,6 +83,9 @@ class QueueService:
         self.jobs = JobStore(self.redis)
         await self.nc.subscribe(subjects.API_STATUS, cb=self._api_status)
         await self.nc.subscribe(subjects.API_STATUS_TENANTS, cb=self._api_status)
+        # each in a task of its own: a node that does not answer must not hold up other tenants' requests
+        await self.nc.subscribe(subjects.API_HISTORY_TENANTS, cb=self._on_history)
+        await self.nc.subscribe(subjects.API_LOGS_TENANTS, cb=self._on_logs)
         await self.nc.subscribe(subjects.API_QUEUES, cb=self._api_queues)
         await self.nc.subscribe(subjects.API_QUEUES_APPLY, cb=self._api_queues_apply)
         if self.settings.queue_config is not None:
@@ -78,6 +96,8 @@ class QueueService:
         await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop, order_key=intake_order_key)
 
     async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         await close_nats(self.nc)
         await self.redis.aclose()
 
@@ -236,6 +256,122 @@ class QueueService:
             body = {"jobs": [], "error": repr(exc)}
         await msg.respond(json.dumps(body).encode())
 
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _on_history(self, msg: Msg) -> None:
+        self._spawn(self._api_history(msg))
+
+    async def _on_logs(self, msg: Msg) -> None:
+        self._spawn(self._api_logs(msg))
+
+    async def owned(self, job_id: str, tenant: str) -> bool:
+        """Whether ``job_id`` is ``tenant``'s job: its record's owner, or for a job rejected without a record
+        (the job id was new), the owner its rejection was kept for."""
+        record = await self.jobs.get(job_id)
+        if record is not None:
+            return record.owner == tenant
+        rej = await self.redis.get(keys.rejected(job_id))
+        return rej is not None and json.loads(rej).get("owner") == tenant
+
+    async def _api_history(self, msg: Msg) -> None:
+        """A tenant's `tide describe JOB` (tide.api.history.<tenant>, ``{"job_id"}``): the job's events from the
+        EVENTS stream and its dead letters, only for the tenant's own job. Another's job (or none) answers
+        ``{"error": "no job ..."}`` with only the dead letters of messages the tenant itself sent naming that id.
+        Reply: ``{"events": [JobEvent...], "dead_letters": [DeadLetter...], "truncated"?, "error"?}``."""
+        tenant = subjects.tenant_of(msg.subject) or ""
+        try:
+            req = json.loads(msg.data or b"{}")
+            job_id = req.get("job_id") if isinstance(req, dict) else None
+            if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+                body: dict[str, Any] = {"events": [], "dead_letters": [], "error": f"bad job_id {job_id!r}"}
+            else:
+                mine = await self.owned(job_id, tenant)
+                letters = [d for d in await self._dead_letters(job_id) if letter_visible(d, tenant, mine)]
+                body = {"events": [], "dead_letters": [d.model_dump() for d in letters]}
+                if mine:
+                    events, truncated = await self._job_events(job_id)
+                    body["events"] = events
+                    if truncated:
+                        body["truncated"] = True
+                else:
+                    log.info("history_refused", job_id=job_id, tenant=tenant, reason="not the tenant's job")
+                    body["error"] = f"no job {job_id!r}"
+        except Exception as exc:  # noqa: BLE001 - the requester gets the reason, the service goes on
+            log.warning("history_failed", error=repr(exc), tenant=tenant)
+            body = {"events": [], "dead_letters": [], "error": repr(exc)}
+        await msg.respond(json.dumps(body).encode())
+
+    async def _job_events(self, job_id: str) -> tuple[list[Any], bool]:
+        events: list[Any] = []
+        size = 0
+        for m in await self._stream_messages("EVENTS", subjects.job_events(job_id), HISTORY_MAX_EVENTS + 1):
+            size += len(m.data or b"")
+            if len(events) >= HISTORY_MAX_EVENTS or size > HISTORY_MAX_BYTES:
+                return events, True
+            try:
+                events.append(json.loads(m.data or b"null"))
+            except ValueError:
+                continue
+        return events, False
+
+    async def _dead_letters(self, job_id: str) -> list[DeadLetter]:
+        if not is_job_token(job_id):
+            return []
+        found = [DeadLetter.from_headers(m.headers)
+                 for m in await self._stream_messages("DLQ", subjects.job_dead_letters(job_id), 100)]
+        return [d for d in found if d is not None]
+
+    async def _stream_messages(self, stream: str, subject: str, limit: int) -> list[RawStreamMsg]:
+        """The messages of ``stream`` on ``subject`` (wildcards allowed), oldest first, read one by one with
+        ``$JS.API.STREAM.MSG.GET`` (next by subject): no consumer is made."""
+        out: list[RawStreamMsg] = []
+        seq = 1
+        while len(out) < limit:
+            try:
+                m = await self.js.get_msg(stream, seq=seq, subject=subject, next=True)
+            except nats.js.errors.NotFoundError:
+                break
+            out.append(m)
+            seq = (m.seq or seq) + 1
+        return out
+
+    async def _api_logs(self, msg: Msg) -> None:
+        """A tenant's `tide logs` (tide.api.logs.<tenant>, ``{"node", "request", "timeout_s"?}``): the request
+        goes on to the node's agent (tide_node_agent/logs.py) only when its ``job_id`` is the tenant's job, and
+        the agent's reply comes back as it is. Otherwise ``{"ok": false, "error"}``; a node that does not answer:
+        ``{"ok": false, "unreachable": true, "error"}``."""
+        tenant = subjects.tenant_of(msg.subject) or ""
+        body: dict[str, Any]
+        try:
+            req = json.loads(msg.data or b"{}")
+            node = req.get("node") if isinstance(req, dict) else None
+            inner = req.get("request") if isinstance(req, dict) else None
+            job_id = inner.get("job_id") if isinstance(inner, dict) else None
+            if not isinstance(node, str) or not _NODE_ID.match(node):
+                body = {"ok": False, "error": f"bad node {node!r}"}
+            elif not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+                body = {"ok": False, "error": f"bad job_id {job_id!r}"}
+            elif not await self.owned(job_id, tenant):
+                log.info("logs_refused", job_id=job_id, tenant=tenant, reason="not the tenant's job")
+                body = {"ok": False, "error": f"no job {job_id!r}"}
+            else:
+                timeout = min(max(float(req.get("timeout_s", LOGS_TIMEOUT_S)), 0.1), 10.0)
+                try:
+                    reply = await self.nc.request(subjects.node_logs(node), json.dumps(inner).encode(),
+                                                  timeout=timeout)
+                except (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError):
+                    body = {"ok": False, "unreachable": True, "error": f"node {node} is not answering"}
+                else:
+                    await msg.respond(reply.data)
+                    return
+        except Exception as exc:  # noqa: BLE001
+            log.warning("logs_failed", error=repr(exc), tenant=tenant)
+            body = {"ok": False, "error": repr(exc)}
+        await msg.respond(json.dumps(body).encode())
+
     async def apply_queue_config(self, config: object) -> QueueTree:
         """Validate and store the queue tree; the placer uses it from its next cycle on."""
         tree = QueueTree.from_config(config)  # raises ValueError with the reason
@@ -276,6 +412,16 @@ class QueueService:
 def queue_row(weight: float = 1.0, guarantee: dict | None = None, limit: dict | None = None) -> dict[str, object]:
     return {"weight": weight, "guarantee": guarantee or {}, "limit": limit or {}, "gpus_in_use": 0.0,
             **{s.value: 0 for s in JobState}}
+
+
+def letter_visible(letter: DeadLetter, tenant: str, owns_job: bool) -> bool:
+    """Which of a job's dead letters a tenant sees: those of messages it sent itself (its own submit and cancel
+    subjects) and, for its own job, those of the job's events; never what another tenant or the admin sent
+    naming that id."""
+    sender = subjects.tenant_of(letter.subject)
+    if sender is not None or letter.subject.startswith(f"{subjects.PREFIX}.jobs."):
+        return sender == tenant
+    return owns_job and letter.subject.startswith(f"{subjects.PREFIX}.events.job.")
 
 
 def intake_order_key(msg: Msg) -> str:

@@ -25,7 +25,7 @@ from tide.cli import logs as pod_logs
 from tide.cli.completion import completion_script
 from tide.cli.inline import InlineError, describe_error, first_error, inline_spec
 from tide.cli.output import FORMATS, dump, filter_jobs, job_row, jobs_table, nodes_wide, table
-from tide.client import NodeNotAnswering, ServiceUnavailable, TideClient, summarize
+from tide.client import TENANT_NO_WATCH, NodeNotAnswering, ServiceUnavailable, TideClient, summarize
 from tide.log import configure_logging
 from tide.schemas.events import TERMINAL_STATES
 from tide.schemas.job import PriorityClass, job_spec_json_schema
@@ -536,6 +536,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
+    if args.user:
+        raise BadInput(TENANT_NO_WATCH)
+
     async def go(client: TideClient) -> int:
         async for e in client.events():
             where = f" pod={e.pod}" if e.pod else ""

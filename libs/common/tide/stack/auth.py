@@ -33,6 +33,11 @@ def js_stream_admin() -> list[str]:
     return [f"$JS.API.STREAM.{op}.{sd.name}" for sd in subjects.STREAMS for op in ("CREATE", "UPDATE")]
 
 
+def js_msg_get(*streams: str) -> list[str]:
+    """Read single messages of ``streams`` by sequence or subject (``$JS.API.STREAM.MSG.GET``): no consumer."""
+    return [f"$JS.API.STREAM.MSG.GET.{name}" for name in streams]
+
+
 def js_consumer(cdef: subjects.ConsumerDef) -> list[str]:
     """The JetStream API calls and acks of one durable pull consumer (``tide.bus.nats.consume``) and no other."""
     at = f"{cdef.stream}.{cdef.durable}"
@@ -53,10 +58,14 @@ def service_inbox_prefix(name: str) -> str:
 def service_permissions() -> dict[str, dict[str, list[str]]]:
     return {
         "queue": {  # creates the streams where `tide up` did not (compose); its own intake consumer
+            # reads a tenant's job history (MSG.GET on EVENTS and DLQ: read-only, no consumer) and forwards its
+            # logs requests to the nodes, once it has checked that the job is the tenant's
             "publish": [subjects.JOB_REJECTED, subjects.EVENTS_ALL, subjects.PLACER_KICK, *js_stream_lookup(),
-                        *js_stream_admin(), *js_consumer_with_dlq(subjects.QUEUE_INTAKE)],
-            "subscribe": [subjects.API_STATUS, subjects.API_STATUS_TENANTS, subjects.API_QUEUES,
-                          subjects.API_QUEUES_APPLY, f"{service_inbox_prefix('queue')}.>"],
+                        *js_stream_admin(), *js_consumer_with_dlq(subjects.QUEUE_INTAKE),
+                        *js_msg_get("EVENTS", "DLQ"), subjects.NODE_LOGS_ALL],
+            "subscribe": [subjects.API_STATUS, subjects.API_STATUS_TENANTS, subjects.API_HISTORY_TENANTS,
+                          subjects.API_LOGS_TENANTS, subjects.API_QUEUES, subjects.API_QUEUES_APPLY,
+                          f"{service_inbox_prefix('queue')}.>"],
         },
         "placer": {
             "publish": [subjects.EVENTS_ALL, "tide.node.*.cmd", *js_stream_lookup(),
@@ -65,8 +74,9 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
                           subjects.PLACER_WEIGHTS, f"{service_inbox_prefix('placer')}.>"],
         },
         "metrics": {
-            # tide.jobs.submit: the feedback loop resubmits OOM-failed jobs with a larger share
-            "publish": [subjects.PLACER_WEIGHTS, subjects.JOB_SUBMIT, *js_stream_lookup(),
+            # tide.jobs.submit[.<tenant>]: the feedback loop resubmits OOM-failed jobs with a larger share, a
+            # tenant's job on that tenant's subject (the resubmission keeps its owner, queues and limits)
+            "publish": [subjects.PLACER_WEIGHTS, subjects.JOB_SUBMIT, subjects.JOB_SUBMIT_TENANTS, *js_stream_lookup(),
                         *js_consumer_with_dlq(subjects.METRICS_EVENTS),
                         *js_consumer_with_dlq(subjects.METRICS_DEAD_LETTERS)],
             "subscribe": [subjects.EVENTS_ALL, subjects.TELEMETRY_ALL, subjects.API_WEIGHTS,
@@ -119,11 +129,12 @@ def tenant_inbox_prefix(name: str) -> str:
 
 
 def tenant_permissions(name: str) -> dict[str, list[str]]:
-    """A tenant publishes only its own submit/cancel/status subjects (the queue reads the tenant from the
-    subject) and the read-only cluster APIs; it subscribes only to its own inbox (no job events: those of
-    other tenants' jobs would show)."""
+    """A tenant publishes only its own submit/cancel/status/history/logs subjects (the queue reads the tenant from
+    the subject and answers only for its jobs) and the read-only cluster APIs; it subscribes only to its own inbox
+    (no job events, no JetStream API, no node logs subject: those would show other tenants' jobs)."""
     return {
         "publish": [subjects.job_submit_as(name), subjects.job_cancel_as(name), subjects.api_status_as(name),
+                    subjects.api_history_as(name), subjects.api_logs_as(name),
                     subjects.API_QUEUES, subjects.API_NODES, subjects.API_WEIGHTS],
         "subscribe": [f"{tenant_inbox_prefix(name)}.>"],
     }
