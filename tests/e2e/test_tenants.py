@@ -277,3 +277,35 @@ async def test_tenant_reads_only_its_own_jobs_on_every_read_path(tenant_stack: S
     finally:
         for c in (alice, bob):
             await c.close()
+
+
+async def test_oom_resubmission_keeps_its_tenant(make_stack) -> None:
+    """The feedback loop resubmits a tenant's OOM-failed job as that tenant: the tenant sees and cancels the
+    resubmission, another tenant does not see it, and the queue counts it as the tenant's (its owner) for the
+    tenant's pending limit."""
+    from tests.metrics.conftest import fast_env
+    from tests.metrics.test_feedback_e2e import share_job
+
+    stack = make_stack(env=fast_env(["node-0", "node-1"]),
+                       tenants=[Tenant("alice", queues=["default"]), Tenant("bob", queues=["default"])])
+    alice = await as_user(stack, "alice")
+    bob = await as_user(stack, "bob")
+    admin = await as_user(stack, "admin")
+    try:
+        spec_ = share_job("oomy", 11264)
+        spec_["spec"]["template"]["env"]["HOLD_S"] = "300"  # once it fits, it keeps running (and pending counts)
+        spec_["spec"]["template"]["command"][-1] += "\nimport time; time.sleep(int(os.environ['HOLD_S']))\n"
+        assert (await alice.submit(spec_, job_id="oomy-1")).accepted
+        first = await alice.wait("oomy-1", timeout_s=60)
+        assert first["state"] == "failed" and "OOM" in first["reason"], first
+        second = await alice.wait("oomy-1-r1", states={"running"}, timeout_s=60)  # alice sees it
+        assert (await admin.status("oomy-1-r1"))["jobs"][0]["owner"] == "alice"
+        assert await bob.job("oomy-1-r1") is None
+        code = await asyncio.to_thread(main, ["--home", str(stack.home), "--user", "alice", "describe", "oomy-1"])
+        assert code == 0
+        await alice.cancel("oomy-1-r1")  # and cancels it
+        assert (await alice.wait("oomy-1-r1", states={"cancelled"}, timeout_s=30))["state"] == "cancelled"
+        assert second["job_id"] == "oomy-1-r1" and second["state"] == "running"
+    finally:
+        for c in (alice, bob, admin):
+            await c.close()

@@ -234,8 +234,12 @@ class FeedbackLoop:
         if await self.redis.exists(keys.job(new_id)):
             return
         message = SubmitJob(event_id=f"resubmit-{new_id}", job_id=new_id, spec=JobSpec.model_validate(body))
-        await publish(self.js, subjects.JOB_SUBMIT, message)
-        log.info("feedback_resubmitted", job_id=record.job_id, new_job_id=new_id, family=w.family, evidence=why)
+        # a tenant's job is resubmitted as that tenant (its subject): the resubmission keeps the owner, so the
+        # tenant sees and cancels it, and the queue checks it against the tenant's queues, class and limits
+        subject = subjects.job_submit_as(record.owner) if record.owner else subjects.JOB_SUBMIT
+        await publish(self.js, subject, message)
+        log.info("feedback_resubmitted", job_id=record.job_id, new_job_id=new_id, family=w.family, evidence=why,
+                 tenant=record.owner)
         self.on_resubmit(w.family)
 
     async def job_succeeded(self, job_id: str, usage: JobUsage | None, spec: JobSpec | None = None) -> None:
