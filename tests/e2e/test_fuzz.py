@@ -182,8 +182,8 @@ def test_fuzz_every_subject_then_a_normal_job_runs(fuzz_stack: Stack) -> None:
               suppress_health_check=list(HealthCheck))
     @given(spec=job_specs(), raw=raw_bytes, header=st.one_of(st.none(), header_values))
     # the inputs that found crashes, always tried: a JSON list where an object is read (an order key's .get),
-    # nesting deeper than json.loads recurses (a handler raising on every delivery), an inventory the planner
-    # cannot build (every placer cycle failing)
+    # nesting deeper than json.loads recurses (once a handler raising on every delivery, now a rejection), an
+    # inventory the planner cannot build (every placer cycle failing)
     @example(spec=hostile_specs()["elastic-4096"], raw=b"[1,2]", header=None)
     @example(spec=hostile_specs()["odd-unicode"], raw=b"[" * 5000 + b"]" * 5000, header="fuzz-deep")
     @example(spec=hostile_specs()["huge-gang"], raw=bad_registration(), header=None)

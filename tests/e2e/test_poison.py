@@ -12,8 +12,11 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from redis.asyncio import Redis
 from tide import subjects
 from tide.client import TideClient
+from tide.schemas.events import CancelJob
+from tide.store import keys
 
 from tests.conftest import StackFactory
 from tests.helpers import job, small_node
@@ -48,6 +51,7 @@ async def test_hostile_specs_and_a_poison_message_cannot_stop_the_stack(make_sta
     assert stack.info is not None
     before = pids(stack)
     client = await TideClient.connect(stack.info.settings_for("admin"))
+    redis = Redis.from_url(stack.info.redis_url("queue"), decode_responses=True)
     admin = await connect_as(stack, "admin")
     node = await connect_as(stack, "node-n0")
     try:
@@ -58,28 +62,36 @@ async def test_hostile_specs_and_a_poison_message_cannot_stop_the_stack(make_sta
         assert (await client.submit(job("target", ["true"], gpu=1), job_id="poison-target")).accepted
         assert (await client.wait("poison-target", timeout_s=60))["state"] == "succeeded"
 
-        # a registration the placer takes but the planner cannot build; then a message the queue's handler
-        # raises on every time (JSON nested deeper than Python's parser recurses), naming the target job
-        await node.publish(subjects.node_status("n0"), bad_registration())
+        # JSON nested deeper than Python's parser recurses: a clean rejection, not a handler exception
         deep = b"[" * 5000 + b"]" * 5000
-        await admin.publish(subjects.JOB_SUBMIT, deep, headers={"Tide-Job-Id": "poison-target"})
+        await admin.publish(subjects.JOB_SUBMIT, deep, headers={"Tide-Job-Id": "deep-one"})
+        # a registration the placer takes but the planner cannot build; then a message the queue's handler
+        # raises on every time: a well-formed cancel of a job whose stored record cannot be read (written
+        # straight into Redis here)
+        await node.publish(subjects.node_status("n0"), bad_registration())
+        await redis.set(keys.job("poison-record"), '{"job_id": "poison-record", "state": "no such state"}')
+        cancel = CancelJob(job_id="poison-record", reason="poison").to_bytes()
+        await admin.publish(subjects.JOB_CANCEL, cancel, headers={"Tide-Job-Id": "poison-record"})
         await admin.flush()
         await node.flush()
 
         letters = await wait_dead_letter(stack, "queue-intake", timeout_s=30)
-        assert len(letters) == 1, letters
+        assert len(letters) == 1, letters  # the cancel's, and none for the deep submission
         letter, body = letters[0]
-        assert (letter.subject, letter.job_id, letter.deliveries) == (subjects.JOB_SUBMIT, "poison-target", 3)
-        assert letter.error.startswith("RecursionError: maximum recursion depth exceeded"), letter.error
-        assert body == deep and letter.size == len(deep)
+        assert (letter.subject, letter.job_id, letter.deliveries) == (subjects.JOB_CANCEL, "poison-record", 3)
+        assert letter.error.startswith("ValidationError: ") and "JobRecord" in letter.error, letter.error
+        assert body == cancel and letter.size == len(cancel)
         await asyncio.sleep(2.0)  # terminated, not redelivered: still the one dead letter
         assert len(await wait_dead_letter(stack, "queue-intake", timeout_s=0)) == 1
+        rejected = await client.job("deep-one")
+        assert rejected is not None and rejected["state"] == "rejected", rejected
+        assert rejected["reason"] == "payload: malformed JSON: nested too deep", rejected
 
-        # visible in `tide describe` and in the metrics
-        desc = tide_cli(stack.home, "describe", "poison-target")
-        assert desc.returncode == 0, desc.stderr
-        assert "Dead letters:" in desc.stdout and "consumer queue-intake  subject tide.jobs.submit" in desc.stdout
-        assert "reason: RecursionError: maximum recursion depth exceeded" in desc.stdout, desc.stdout
+        # visible in `tide describe` (the record cannot be read: no job, but its dead letter) and in the metrics
+        desc = tide_cli(stack.home, "describe", "poison-record")
+        assert desc.returncode == 1 and "no job 'poison-record'" in desc.stderr, desc.stderr
+        assert "Dead letters:" in desc.stdout and "consumer queue-intake  subject tide.jobs.cancel" in desc.stdout
+        assert "after 3 deliveries" in desc.stdout and "reason: ValidationError: " in desc.stdout, desc.stdout
         for _ in range(40):
             if dead_letters_metric(stack.info.metrics_url, "queue-intake") == 1.0:
                 break
@@ -101,3 +113,4 @@ async def test_hostile_specs_and_a_poison_message_cannot_stop_the_stack(make_sta
         await admin.close()
         await node.close()
         await client.close()
+        await redis.aclose()

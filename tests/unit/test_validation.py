@@ -70,3 +70,18 @@ def test_a_node_lease_shorter_than_two_heartbeats_is_refused() -> None:
     with pytest.raises(ValidationError, match="TIDE_NODE_LEASE_S .* at least twice TIDE_HEARTBEAT_S"):
         Settings(node_lease_s=2.0, heartbeat_s=2.0)
     assert Settings(node_lease_s=2.0, heartbeat_s=0.5).node_lease_s == 2.0
+
+
+def test_json_nested_too_deep_is_a_clean_rejection() -> None:
+    """Nesting deeper than Python's JSON parser recurses is a rejection naming the payload, not a RecursionError
+    in the queue's handler (which would be redelivered and dead-lettered)."""
+    deep = parse_submission(b"[" * 5000 + b"]" * 5000, LIMIT, job_id_hint="deep-one")
+    assert isinstance(deep, JobRejected)
+    assert (deep.job_id, deep.field, deep.reason) == ("deep-one", "payload", "malformed JSON: nested too deep")
+    inside = parse_submission(b'{"job_id": "x", "spec": ' + b'{"a":' * 5000 + b"1" + b"}" * 5001, LIMIT)
+    assert isinstance(inside, JobRejected) and inside.reason == "malformed JSON: nested too deep"
+
+
+def test_a_submission_time_that_is_not_a_number_is_rejected() -> None:
+    result = parse_submission(b'{"job_id": "nan-ts", "ts": NaN, "spec": ' + json.dumps(spec()).encode() + b"}", LIMIT)
+    assert isinstance(result, JobRejected) and (result.job_id, result.field) == ("nan-ts", "ts")

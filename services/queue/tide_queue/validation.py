@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from pydantic import ValidationError
@@ -25,6 +26,8 @@ def parse_submission(data: bytes, max_bytes: int, job_id_hint: str | None = None
         obj = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return JobRejected(job_id=job_id, field="payload", reason=f"malformed JSON: {exc}")
+    except RecursionError:  # deeper than Python's parser recurses: no job spec is nested like that
+        return JobRejected(job_id=job_id, field="payload", reason="malformed JSON: nested too deep")
     if not isinstance(obj, dict):
         return JobRejected(job_id=job_id, field="payload", reason="expected a JSON object")
     if isinstance(obj.get("job_id"), str) and _SAFE_ID.match(obj["job_id"]):
@@ -37,12 +40,17 @@ def parse_submission(data: bytes, max_bytes: int, job_id_hint: str | None = None
             reason=f"unsupported schema_version {version!r} (supported: {SCHEMA_VERSION})",
         )
     try:
-        return SubmitJob.model_validate(obj)
+        sub = SubmitJob.model_validate(obj)
+    except RecursionError:
+        return JobRejected(job_id=job_id, field="payload", reason="malformed JSON: nested too deep")
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         msg = first["msg"].removeprefix("Value error, ")
         return JobRejected(job_id=job_id, field=_loc(first["loc"]), reason=f"{msg}{extra}")
+    if not math.isfinite(sub.ts):  # NaN would reach Redis as a pending score it refuses, half-way through
+        return JobRejected(job_id=job_id, field="ts", reason=f"submission time must be a finite number, not {sub.ts}")
+    return sub
 
 
 def queue_within(queue: str, allowed: list[str]) -> bool:
