@@ -2,8 +2,9 @@
 
 Starts the real stack (NATS JetStream, Redis, queue, placer, metrics) on free ports with N simulated
 nodes (8 x H100 each). The node agents are simulated in this process (``SimAgent``): each node has its
-own NATS connection and credentials, registers, heartbeats, acknowledges start commands and reports
-pods started and exited over the same subjects and permissions as the real agent, but runs no
+own NATS connection and credentials, registers, heartbeats, acknowledges start commands (one request per
+node per placer cycle) and reports pods started and exited (one status batch per heartbeat) over the same
+subjects and permissions as the real agent, but runs no
 process (a pod "runs" for the seconds of its `sleep N` command). A load generator in this process
 submits 1-GPU jobs through JetStream at each rate for a bounded time, and follows their events.
 Prints JSON and a one-line summary.
@@ -41,7 +42,9 @@ from tide.schemas.events import (
     NodeRegistered,
     PodExited,
     PodStarted,
+    PodStatusBatch,
     StartPod,
+    StartPods,
     Telemetry,
 )
 from tide.schemas.node import NodeDescription, default_h100_node
@@ -57,6 +60,7 @@ class SimAgent:
     def __init__(self, info: StackInfo, node: NodeDescription) -> None:
         self.info, self.node = info, node
         self.tasks: set[asyncio.Task[None]] = set()
+        self.transitions: list[PodStarted | PodExited] = []  # sent with the next heartbeat, as the agent does
 
     async def start(self) -> None:
         node_id = self.node.node_id
@@ -70,23 +74,33 @@ class SimAgent:
     async def heartbeat(self) -> None:
         await self.nc.publish(subjects.telemetry(self.node.node_id),
                               Telemetry(node_id=self.node.node_id).to_bytes())
+        if self.transitions:
+            items, self.transitions = self.transitions, []
+            await publish(self.js, subjects.node_status(self.node.node_id),
+                          PodStatusBatch(node_id=self.node.node_id, items=items))
 
     async def on_command(self, msg) -> None:
         command = NODE_COMMAND.validate_json(msg.data)
-        await msg.respond(CommandAck(ok=True).model_dump_json().encode())
-        if isinstance(command, StartPod):
-            task = asyncio.get_running_loop().create_task(self.run_pod(command))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+        if isinstance(command, StartPods):
+            await msg.respond(CommandAck(ok=True, acks=[self.start_pod(c) for c in command.starts]).model_dump_json()
+                              .encode())
+        elif isinstance(command, StartPod):
+            await msg.respond(self.start_pod(command).model_dump_json().encode())
+        else:
+            await msg.respond(CommandAck(ok=True).model_dump_json().encode())
+
+    def start_pod(self, cmd: StartPod) -> CommandAck:
+        self.transitions.append(PodStarted(node_id=self.node.node_id, job_id=cmd.job_id, pod=cmd.pod, pid=0))
+        task = asyncio.get_running_loop().create_task(self.run_pod(cmd))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return CommandAck(ok=True, started=True)
 
     async def run_pod(self, cmd: StartPod) -> None:
-        node_id = self.node.node_id
-        await publish(self.js, subjects.node_status(node_id),
-                      PodStarted(node_id=node_id, job_id=cmd.job_id, pod=cmd.pod, pid=0))
         seconds = float(cmd.command[1]) if cmd.command[0] == "sleep" else 0.0
         await asyncio.sleep(seconds)
-        await publish(self.js, subjects.node_status(node_id), PodExited(
-            node_id=node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=0, reason=ExitReason.COMPLETED))
+        self.transitions.append(PodExited(node_id=self.node.node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=0,
+                                          reason=ExitReason.COMPLETED))
 
     async def close(self) -> None:
         await self.nc.close()

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tide.schemas.events import Message, PodExited
+from tide.schemas.events import Message, PodExited, PodStarted, PodStatusBatch
 from tide.schemas.node import NodeDescription, default_h100_node
 from tide.settings import Settings
 from tide.stack.servers import free_port, nats_server_binary, wait_tcp
@@ -38,10 +38,18 @@ class CapturedAgent(NodeAgent):
 
     def __init__(self, settings: Settings, backend: SimulatedBackend) -> None:
         super().__init__(settings, backend)
-        self.sent: list[Message] = []
+        self.sent: list[Message] = []  # registrations as sent, and each pod transition when it happened
+        self.batches: list[PodStatusBatch] = []  # the transitions as they went out (one batch per heartbeat)
         self.nc = FakeNats()  # type: ignore[assignment]
 
     async def _status(self, message: Message) -> None:
+        if isinstance(message, PodStatusBatch):
+            self.batches.append(message)
+        else:
+            self.sent.append(message)
+
+    def _transition(self, message: PodStarted | PodExited) -> None:
+        super()._transition(message)
         self.sent.append(message)
 
     async def exited(self, pod: str, timeout_s: float = 10.0) -> PodExited:

@@ -309,3 +309,61 @@ def test_simulated_mig_follows_the_profile_table(model: str) -> None:
         b.create_mig(0, other, 0)
     with pytest.raises(MigError, match="still has 1 MIG instances"):
         b.set_mig_mode(0, False)
+
+
+class _Reply:
+    def __init__(self, data: bytes, headers: dict[str, str] | None = None) -> None:
+        self.data, self.headers, self.reply = data, headers, "_INBOX.x"
+        self.answer: bytes | None = None
+
+    async def respond(self, data: bytes) -> None:
+        self.answer = data
+
+
+async def test_a_start_batch_starts_each_pod_in_order_and_answers_each(make_agent: AgentFactory) -> None:
+    """One StartPods carries a cycle's starts for this node: each is handled as a StartPod (its own token and
+    expiry: a stale one is refused alone), and the answer holds one ack per start, in order."""
+    from tide.schemas.events import CommandAck, StartPods
+
+    node = default_h100_node("n0")
+    agent = make_agent(node)
+    agent._raise_floor("old", 3)  # attempt 2 of job 'old' is over here
+    starts = [start(f"a-{i}.a1", py("import time; time.sleep(5)"), job=f"a{i}", gpus=whole(node, i)) for i in range(3)]
+    stale = start("old-0.a2", py("print(1)"), job="old", gpus=whole(node, 3))
+    msg = _Reply(StartPods(starts=[*starts, stale]).to_bytes())
+    await agent._on_command(msg)  # type: ignore[arg-type]
+    assert msg.answer is not None
+    ack = CommandAck.model_validate_json(msg.answer)
+    assert ack.ok and [a.ok for a in ack.acks] == [True, True, True, False]
+    assert [a.started for a in ack.acks] == [True, True, True, False]
+    assert sorted(agent.pods) == [f"a{i}/a-{i}.a1" for i in range(3)]
+    # the transitions wait for the heartbeat, and go out in one status message
+    assert agent.batches == []
+    await agent._flush_transitions()
+    (batch,) = agent.batches
+    assert [(type(t).__name__, t.pod) for t in batch.items] == [("PodStarted", f"a-{i}.a1") for i in range(3)]
+    await agent._flush_transitions()
+    assert len(agent.batches) == 1, "nothing new: nothing sent"
+
+
+async def test_transitions_that_fail_to_go_out_are_sent_first_next_time(make_agent: AgentFactory) -> None:
+    from tide.schemas.events import PodExited, PodStatusBatch
+
+    agent = make_agent()
+    sent: list[PodStatusBatch] = []
+    fail = [True]
+
+    async def status(message: object) -> None:
+        if fail[0]:
+            raise ConnectionError("NATS away")
+        assert isinstance(message, PodStatusBatch)
+        sent.append(message)
+
+    agent._status = status  # type: ignore[method-assign]
+    agent._transition(PodStarted(node_id="n0", job_id="j", pod="j-0.a1", pid=1))
+    with pytest.raises(ConnectionError):
+        await agent._flush_transitions()
+    agent._transition(PodExited(node_id="n0", job_id="j", pod="j-0.a1", exit_code=0, reason=ExitReason.COMPLETED))
+    fail[0] = False
+    await agent._flush_transitions()
+    assert [t.kind for t in sent[0].items] == ["pod-started", "pod-exited"]

@@ -54,7 +54,9 @@ async def test_agent_heartbeats_runs_pods_and_dies_with_them(nats_url: str, tmp_
     beats: list[tuple[float, Telemetry]] = []
 
     async def on_status(msg) -> None:
-        await status.put(NODE_STATUS.validate_json(msg.data))
+        message = NODE_STATUS.validate_json(msg.data)
+        for item in getattr(message, "items", None) or [message]:  # pod transitions come batched per heartbeat
+            await status.put(item)
 
     async def on_beat(msg) -> None:
         beats.append((time.monotonic(), Telemetry.model_validate_json(msg.data)))

@@ -15,7 +15,7 @@ async def test_a_start_that_raises_rolls_the_attempt_back() -> None:
     svc = PlacerService(Settings())
     rolled_back: list[tuple[str, int, str]] = []
 
-    async def start(reserved: object) -> None:
+    async def start(reserved: object, answers: object) -> None:
         raise ConnectionError("redis went away")
 
     async def rollback(job_id: str, attempt: int, why: str, bad_nodes: list[str] | None = None) -> None:
@@ -23,7 +23,7 @@ async def test_a_start_that_raises_rolls_the_attempt_back() -> None:
 
     svc._start, svc._rollback = start, rollback  # type: ignore[method-assign]
     reserved = SimpleNamespace(record=SimpleNamespace(job_id="j1"), resv="j1:3", attempt=3)
-    await svc._start_or_roll_back(reserved)  # type: ignore[arg-type]
+    await svc._start_or_roll_back(reserved, {})  # type: ignore[arg-type]
     assert rolled_back == [("j1", 3, "start failed: ConnectionError('redis went away')")]
 
 
@@ -35,14 +35,14 @@ async def test_a_rollback_that_also_fails_is_left_to_the_lapse_sweep() -> None:
 
     svc._start, svc._rollback = fail, fail  # type: ignore[method-assign]
     reserved = SimpleNamespace(record=SimpleNamespace(job_id="j1"), resv="j1:1", attempt=1)
-    await svc._start_or_roll_back(reserved)  # type: ignore[arg-type]  # must not raise into the event loop
+    await svc._start_or_roll_back(reserved, {})  # type: ignore[arg-type]  # must not raise into the event loop
 
 
 async def test_a_fenced_start_steps_down_and_leaves_the_attempt_to_the_leader() -> None:
     svc = PlacerService(Settings())
     calls: list[str] = []
 
-    async def fenced(reserved: object) -> None:
+    async def fenced(reserved: object, answers: object) -> None:
         raise FencedOut("commit: the placer leader lease is not ours")
 
     async def rollback(*args: object, **kwargs: object) -> None:
@@ -54,7 +54,7 @@ async def test_a_fenced_start_steps_down_and_leaves_the_attempt_to_the_leader() 
     svc._start, svc._rollback, svc._step_down = fenced, rollback, step_down  # type: ignore[method-assign]
     svc._own_resv.add("j1:2")
     reserved = SimpleNamespace(record=SimpleNamespace(job_id="j1"), resv="j1:2", attempt=2)
-    await svc._start_or_roll_back(reserved)  # type: ignore[arg-type]
+    await svc._start_or_roll_back(reserved, {})  # type: ignore[arg-type]
     assert calls == ["step down: commit: the placer leader lease is not ours"]
     assert svc._own_resv == set()
 
@@ -104,3 +104,74 @@ async def test_a_left_reservation_is_adopted_when_its_agents_say_every_pod_start
     answers["j-1.a2"] = PodFate.RUNNING
     assert not await svc._agents_started(_record(JobState.PENDING, [PodState.STARTING] * 2, reservation="j:3"),
                                          "j:2", 2)  # the record moved on: nothing to adopt
+
+
+def _reserved(job_id: str, attempt: int, nodes: list[str]) -> object:
+    """A reserved gang as ``_start_cycle`` sees it (only what it reads)."""
+    from tide.core.model import Allocation
+
+    pods = [PodRecord(index=i, name=f"{job_id}-{i}", node=n, state=PodState.STARTING) for i, n in enumerate(nodes)]
+    record = _record(JobState.PENDING, [PodState.STARTING] * len(nodes), reservation=f"{job_id}:{attempt}")
+    record = record.model_copy(update={"job_id": job_id, "pods": pods, "attempts": attempt})
+    placements = [SimpleNamespace(pod_index=i, alloc=Allocation(node_id=n, gpu_indices=(i,), gpu_milli=(1000,),
+                                                                 gpu_mem_mib=(0,), cpu_milli=1000, memory_mib=0))
+                  for i, n in enumerate(nodes)]
+    return SimpleNamespace(record=record, placements=placements, assignments={i: [] for i in range(len(nodes))},
+                           resv=f"{job_id}:{attempt}", attempt=attempt, grow=False)
+
+
+async def test_a_cycle_sends_one_start_request_per_node_and_each_gang_gets_its_own_answers() -> None:
+    """Four pods of three gangs on two nodes: one StartPods to the node with three of them, one StartPod to the
+    other; every start keeps its token; each gang commits (or not) on its own acks."""
+    from tide.schemas.events import StartPod, StartPods
+
+    svc = PlacerService(Settings())
+    sent: list[tuple[str, object]] = []
+
+    async def request(node: str, command: object, timeout_s: float | None = None) -> CommandAck | None:
+        sent.append((node, command))
+        if isinstance(command, StartPods):
+            return CommandAck(ok=True, acks=[CommandAck(ok=s.job_id != "b", started=s.job_id != "b", error="no")
+                                             for s in command.starts])
+        return CommandAck(ok=True, started=True)
+
+    async def placed_event() -> None:
+        return None
+
+    answers: dict[str, dict[int, object]] = {}
+
+    async def finish(reserved: SimpleNamespace, got: dict[int, object]) -> None:
+        answers[reserved.record.job_id] = got
+
+    svc._request, svc._start_or_roll_back = request, finish  # type: ignore[method-assign, assignment]
+    svc._placed_event = lambda reserved: placed_event()  # type: ignore[method-assign, assignment]
+    gangs = [_reserved("a", 1, ["n1", "n1"]), _reserved("b", 4, ["n1"]), _reserved("c", 2, ["n2"])]
+    await svc._start_cycle(gangs)  # type: ignore[arg-type]
+    assert sorted(node for node, _ in sent) == ["n1", "n2"], "one request per node"
+    batch = next(c for n, c in sent if n == "n1")
+    assert isinstance(batch, StartPods)
+    assert [s.pod for s in batch.starts] == ["a-0.a1", "a-1.a1", "b-0.a4"]
+    assert isinstance(next(c for n, c in sent if n == "n2"), StartPod)
+    assert {j: {i: (a.ok, a.started) for i, a in got.items()} for j, got in answers.items()} == {  # type: ignore[union-attr]
+        "a": {0: (True, True), 1: (True, True)}, "b": {0: (False, False)}, "c": {0: (True, True)}}
+
+
+async def test_a_start_batch_carries_each_start_s_expiry_and_an_unanswered_batch_leaves_every_start_unanswered(
+) -> None:
+    import nats.errors
+    from tide.schemas.events import NODE_COMMAND, StartPod, StartPods
+
+    svc = PlacerService(Settings(start_ack_timeout_s=3.0))
+    svc.leading = lambda: True  # type: ignore[method-assign]
+    seen: list[bytes] = []
+
+    async def request(subject: str, data: bytes, timeout: float, headers: object = None) -> object:
+        seen.append(data)
+        raise nats.errors.TimeoutError
+
+    svc.nc = SimpleNamespace(request=request)  # type: ignore[assignment]
+    starts = [StartPod(job_id="j", pod=f"j-{i}.a1", pod_index=i, world_size=2, command=["true"]) for i in range(2)]
+    assert await svc._request_starts("n1", starts) == [None, None]
+    command = NODE_COMMAND.validate_json(seen[0])
+    assert isinstance(command, StartPods)
+    assert all(s.expires_at is not None for s in command.starts)

@@ -11,8 +11,10 @@ and meanings: ``docs/observability.md``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -136,6 +138,11 @@ class MetricsService:
         # nodes cost more CPU than the rest of the metrics service. A restart misses the samples sent while it
         # was down; the TELEMETRY stream keeps the last hour of them for inspection.
         self._telemetry = await self.nc.subscribe(subjects.TELEMETRY_ALL, cb=self._on_telemetry)
+        # Job events: the terminal ones (the feedback loop acts on them: weights, OOM resubmissions) through a
+        # durable consumer, so none is missed across a restart; every other kind only counts and times, so a
+        # plain subscription does (one delivery each, no pull requests, no acks).
+        self._events = await self.nc.subscribe(subjects.JOB_EVENTS_ALL, cb=self._on_plain_event)
+        self._event_tails: dict[str, asyncio.Task[None]] = {}
         await self._poll()
 
     def _weights_changed(self, weights: FamilyWeights, kind: str) -> None:
@@ -307,13 +314,13 @@ class MetricsService:
     # ------------------------------------------------------------ run
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
-            consume(self.js, subjects.METRICS_EVENTS, self._on_event, stop, order_key=event_order_key),
+            consume(self.js, TERMINAL_EVENTS, self._on_event, stop, order_key=event_order_key),
             self.dead_letters.run(self.js, stop),
             every(self.settings.metrics_poll_s, stop, self._poll),
         )
 
     async def close(self) -> None:
-        for name in ("_api", "_telemetry"):  # absent when start() did not get that far
+        for name in ("_api", "_telemetry", "_events"):  # absent when start() did not get that far
             try:
                 await getattr(self, name).unsubscribe()
             except Exception:
@@ -450,6 +457,32 @@ class MetricsService:
         await self.handle_event(event)
         await msg.ack()
 
+    async def _on_plain_event(self, msg: Msg) -> None:
+        """A non-terminal event (the terminal ones come through ``TERMINAL_EVENTS``): handled after the job's
+        previous events (its timeline), concurrently with other jobs'."""
+        kind = msg.subject.rsplit(".", 1)[-1]
+        if kind in TERMINAL_KINDS:
+            return
+        try:
+            event = JobEvent.model_validate_json(msg.data)
+        except ValueError:
+            return
+        previous = self._event_tails.get(event.job_id)
+
+        async def handle() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])
+            try:
+                await self.handle_event(event)
+            except Exception as exc:  # noqa: BLE001 - a counter missed; the next event goes on
+                log.warning("event_not_handled", job_id=event.job_id, kind=event.kind, error=repr(exc))
+            finally:
+                if self._event_tails.get(event.job_id) is task:
+                    del self._event_tails[event.job_id]
+
+        task = asyncio.get_running_loop().create_task(handle())
+        self._event_tails[event.job_id] = task
+
     async def handle_event(self, event: JobEvent) -> None:
         queue, pc = event.queue or "", event.priority_class or ""
         attrs = {"queue": queue, "priority_class": pc}
@@ -468,8 +501,9 @@ class MetricsService:
             self.placement_latency.record(max(0.0, event.ts - placed_before), attrs)
         elif event.kind == "preempted":
             self.preemptions.add(1, attrs)
-        elif event.kind == "pod-exited" and event.reason == "OOM":
-            self.ooms.add(1, attrs)
+        elif (event.kind == "pod-exited" and event.reason == "OOM") or (
+                event.kind == "failed" and event.pod is not None and OOM_REASON.search(event.reason)):
+            self.ooms.add(1, attrs)  # a one-pod job's terminal event carries its pod's exit (no pod-exited)
         if event.kind in TERMINAL_KINDS:
             await self._job_ended(event, timeline)
 
@@ -524,6 +558,12 @@ class MetricsService:
             cutoff = time.time() - 3600
             for job_id in [j for j, u in self.usage.items() if u.last_ts < cutoff]:
                 del self.usage[job_id]
+
+
+OOM_REASON = re.compile(r"\bOOM\b")
+TERMINAL_EVENTS = dataclasses.replace(
+    subjects.METRICS_EVENTS, filter_subjects=[subjects.job_event("*", kind) for kind in sorted(TERMINAL_KINDS)])
+"""The durable consumer ``metrics-events``, on the terminal events only."""
 
 
 def event_order_key(msg: Msg) -> str:

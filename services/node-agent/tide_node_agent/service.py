@@ -5,7 +5,10 @@
 - Heartbeat: a ``Telemetry`` message every ``TIDE_HEARTBEAT_S`` with a sequence number; every
   ``TIDE_TELEMETRY_S`` it also carries the GPU samples and per-pod usage.
 - Pods: ``StartPod`` -> resolve MIG instances (creating them if needed), pick CPUs, MPS, runtime
-  argv/env, launch; ``PodExited`` with reason, signal, peak GPU memory once it ends.
+  argv/env, launch; ``PodExited`` with reason, signal, peak GPU memory once it ends. A placer cycle's
+  starts for this node come in one ``StartPods`` request (each start keeps its token and expiry); the
+  pods' transitions (``PodStarted``, ``PodExited``) go out together in one ``PodStatusBatch`` per
+  heartbeat (registrations at once, after the transitions before them).
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ from tide.schemas.events import (
     PodExited,
     PodFate,
     PodStarted,
+    PodStatusBatch,
     PodUsage,
     SettlePod,
     StartPod,
+    StartPods,
     StopPod,
     Telemetry,
     parse_agent_pod_id,
@@ -140,6 +145,9 @@ class NodeAgent:
         self._last_contact = time.monotonic()  # the last time NATS answered (the node lease's renewal)
         self._fenced = False  # the lease ran out and the pods were stopped; cleared by the next contact
         self._log = log.bind(node_id=self.node_id)
+        self._transitions: list[PodStarted | PodExited] = []  # not sent yet: they go with the next heartbeat
+        self._flush_lock = asyncio.Lock()
+        self._flushes: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ inventory
     def inventory(self) -> NodeDescription:
@@ -165,6 +173,7 @@ class NodeAgent:
             await self._register()
 
     async def _register(self) -> None:
+        await self._flush_transitions()  # the transitions before it go first
         await self._status(NodeRegistered(node=self.node, running_pods=sorted(self.pods),
                                           exited=list(self.recent_exits.values()),
                                           lease_s=self.settings.node_lease_s,
@@ -200,11 +209,47 @@ class NodeAgent:
         if waiters:
             await asyncio.wait(waiters, timeout=5)
         await self.mps.stop()
+        try:
+            await asyncio.wait_for(self._flush_transitions(), timeout=5)
+        except Exception as exc:  # noqa: BLE001 - NATS away: the placer settles them (registration, SettlePod)
+            self._log.warning("transitions_not_sent", pods=len(self._transitions), error=repr(exc))
         await close_nats(self.nc)
         self.backend.close()
 
     async def _status(self, message: Message) -> None:
         await publish(self.js, subjects.node_status(self.node_id), message)
+
+    def _transition(self, message: PodStarted | PodExited) -> None:
+        """A pod started or exited: reported with the next heartbeat, with the node's other transitions."""
+        self._transitions.append(message)
+
+    async def _flush_transitions(self) -> None:
+        """Publish the pending transitions as one ``PodStatusBatch`` (one batch at a time, in order); if that
+        fails they are kept, first, for the next try."""
+        async with self._flush_lock:
+            if not self._transitions:
+                return
+            items, self._transitions = self._transitions, []
+            try:
+                await self._status(PodStatusBatch(node_id=self.node_id, items=items))
+            except BaseException:
+                self._transitions[:0] = items
+                raise
+
+    async def _flush_in_background(self) -> None:
+        """The heartbeat's flush: never holds the heartbeat (and the lease renewal) while NATS is away."""
+        if self._flush_lock.locked() or not self._transitions:
+            return
+
+        async def flush() -> None:
+            try:
+                await self._flush_transitions()
+            except Exception as exc:  # noqa: BLE001 - kept for the next heartbeat
+                self._log.warning("transitions_not_sent", pods=len(self._transitions), error=repr(exc))
+
+        task = asyncio.get_running_loop().create_task(flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
 
     # ------------------------------------------------------------ heartbeat and telemetry
     def busy(self) -> dict[int, float]:
@@ -314,6 +359,7 @@ class NodeAgent:
         await self.nc.publish(subjects.telemetry(self.node_id), telemetry.to_bytes(),
                               headers={subjects.PODS_HEADER: ",".join(sorted(self.pods))})
         await self._renew()
+        await self._flush_in_background()
         if now - self._last_inventory >= self.settings.inventory_s:
             self._last_inventory = now
             await self._check_inventory()
@@ -325,7 +371,9 @@ class NodeAgent:
             self._check_lease()
             with remote_parent(msg.headers), job_span(tracer, f"agent.{command.kind}", command.job_id,
                                                       node=self.node_id, pod=command.pod):  # the placer's trace
-                if isinstance(command, StartPod):
+                if isinstance(command, StartPods):
+                    ack = CommandAck(ok=True, acks=[await self._start_one(s) for s in command.starts])
+                elif isinstance(command, StartPod):
                     ack = await self._start(command)
                 elif isinstance(command, SettlePod):
                     ack = self._settle(command)
@@ -374,10 +422,18 @@ class NodeAgent:
         while len(self.floor) > FENCE_MEMORY:
             self.floor.popitem(last=False)
 
+    async def _start_one(self, cmd: StartPod) -> CommandAck:
+        """One start of a ``StartPods``: an error is that start's refusal, not the others'."""
+        try:
+            return await self._start(cmd)
+        except Exception as exc:
+            self._log.exception("command_failed", job_id=cmd.job_id, pod=cmd.pod, error=repr(exc))
+            return CommandAck(ok=False, error=repr(exc))
+
     async def _start(self, cmd: StartPod) -> CommandAck:
         key = f"{cmd.job_id}/{cmd.pod}"
         if key in self.pods:
-            return CommandAck(ok=True)
+            return CommandAck(ok=True, started=True)
         if self._fenced:
             return CommandAck(ok=False, error="node lease expired: the agent fenced itself (no pods until "
                                                "it reaches NATS again)")
@@ -424,8 +480,8 @@ class NodeAgent:
                                lease_file=self.lease_file, fence_grace_s=self.settings.fence_grace_s)
         except OSError as exc:
             self.release_mig(mig)
-            await self._status(PodExited(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=None,
-                                         reason=ExitReason.START_FAILED, message=str(exc)))
+            self._transition(PodExited(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=None,
+                                       reason=ExitReason.START_FAILED, message=str(exc)))
             return CommandAck(ok=True)
         self.pods[key] = pod
         record_pod(self.pids_dir, key, pod.proc.pid)
@@ -436,8 +492,8 @@ class NodeAgent:
         self.backend.pod_started(gpus)
         self._log.info("pod_started", job_id=cmd.job_id, pod=cmd.pod, pid=pod.proc.pid, gpus=uuids,
                        runtime=self.runtime.name, cpus=len(spec.cpus or []))
-        await self._status(PodStarted(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, pid=pod.proc.pid))
-        return CommandAck(ok=True)
+        self._transition(PodStarted(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, pid=pod.proc.pid))
+        return CommandAck(ok=True, started=True)
 
     def _settle(self, cmd: SettlePod) -> CommandAck:
         """What became of a pod whose start the placer saw unanswered; a pod never started here is refused
@@ -455,8 +511,8 @@ class NodeAgent:
         pod = self.pods.get(f"{cmd.job_id}/{cmd.pod}")
         if pod is None:
             # Not running here (finished already, or never started): say so, so the placer converges.
-            await self._status(PodExited(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=None,
-                                         reason=ExitReason.STOPPED, message="not running on this node"))
+            self._transition(PodExited(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=None,
+                                       reason=ExitReason.STOPPED, message="not running on this node"))
             return CommandAck(ok=True)
         self._log.info("pod_stopping", job_id=cmd.job_id, pod=cmd.pod, grace_s=cmd.grace_s, reason=cmd.reason)
         asyncio.get_running_loop().create_task(pod.stop(cmd.grace_s))
@@ -485,7 +541,7 @@ class NodeAgent:
         self.recent_exits[pod.key] = exited
         while len(self.recent_exits) > RECENT_EXITS:
             self.recent_exits.pop(next(iter(self.recent_exits)))
-        await self._status(exited)
+        self._transition(exited)
 
     # ------------------------------------------------------------ MIG
     def resolve_gpus(self, cmd: StartPod) -> tuple[list[str], PodMig]:

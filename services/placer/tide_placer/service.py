@@ -8,6 +8,13 @@ A cycle (on a kick, a pod exit, a registration, or every tick) does, in order:
    victims gracefully (checkpoint notice, SIGTERM, grace, SIGKILL; they are requeued, not failed),
    record why the others wait, and bind each placed gang whole: reserve it in Redis with a TTL, start
    its pods, and commit once every agent acknowledged the start.
+
+The cycle's starts go out together: one ``StartPods`` request per node carrying every pod the cycle
+placed there (each start keeps its own fencing token and expiry), and each gang commits or rolls back on
+its own answers. An agent reports its pods' transitions in one ``PodStatusBatch`` per heartbeat; a start
+it answered ``started`` is recorded with the commit, so a job turns running without waiting for that.
+A one-pod job publishes no ``pod-started``/``pod-exited`` event: its ``running`` and terminal events
+carry the pod, node and exit code.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from tide.core.job_placement import (
 from tide.core.lifecycle import (
     PLACEABLE,
     accepts_exit,
+    accepts_start,
     adoptable,
     can_roll_back,
     commit,
@@ -81,8 +89,10 @@ from tide.schemas.events import (
     PodRecord,
     PodStarted,
     PodState,
+    PodStatusBatch,
     SettlePod,
     StartPod,
+    StartPods,
     StopPod,
     agent_pod_id,
     parse_agent_pod_id,
@@ -422,16 +432,19 @@ class PlacerService:
                 with job_span(tracer, "placer.reserve", b.record.job_id, pods=len(b.placements)):
                     reserved = await self._reserve(b.record, b.placements, self.view.by_id, grow)
             self.metrics.reservation(reserved is not None)
-            if reserved is None:
-                return
-            task = asyncio.get_running_loop().create_task(self._start_or_roll_back(reserved))
-            self._starting.add(task)
-            task.add_done_callback(self._starting.discard)
+            if reserved is not None:
+                gangs.append(reserved)
 
         # The plan's gangs are independent of each other (each was placed on what the previous left).
         # The cycle waits for their reservations (so the next cycle sees them in Redis) but not for the
-        # agents' acknowledgements: starting and committing go on in the background.
+        # agents' acknowledgements: starting (one request per node for all the cycle's pods there) and
+        # committing go on in the background.
+        gangs: list[Reserved] = []
         await asyncio.gather(*[reserve(b) for b in plan.binds], *[reserve(g, True) for g in plan.grows])
+        if gangs:
+            task = asyncio.get_running_loop().create_task(self._start_cycle(gangs))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
 
     async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False
                       ) -> JobRecord | None:
@@ -575,11 +588,94 @@ class PlacerService:
                  pods=[p.pod_index for p in placements], extras=grow)
         return Reserved(updated, placements, assignments, resv, attempt, grow)
 
-    async def _start_or_roll_back(self, reserved: Reserved) -> None:
+    async def _start_cycle(self, gangs: list[Reserved]) -> None:
+        """Start the gangs one cycle reserved: their placed events, then one request per node carrying every
+        start of the cycle for it (``StartPods``; a lone start goes as a ``StartPod``); each gang then commits
+        or rolls back on its own answers (``_start``), as if it had sent its starts alone."""
+        answers: dict[str, dict[int, CommandAck | BaseException | None]] = {g.resv: {} for g in gangs}
+        try:
+            commands = {g.resv: self._start_commands(g) for g in gangs}
+            placed = [self._placed_event(g) for g in gangs]
+            if self.settings.fault_pause_after_reserve_s:
+                await asyncio.gather(*placed, return_exceptions=True)
+                placed = []
+                await asyncio.sleep(self.settings.fault_pause_after_reserve_s)
+            by_node: dict[str, list[tuple[str, int, StartPod]]] = {}
+            for g in gangs:
+                for p in g.placements:
+                    by_node.setdefault(p.alloc.node_id, []).append((g.resv, p.pod_index, commands[g.resv][p.pod_index]))
+            # the placed events are queued on the connection before the start commands: they stay first
+            results = await asyncio.gather(
+                *placed, *[self._request_starts(node, [c for _, _, c in items]) for node, items in by_node.items()],
+                return_exceptions=True)
+            for g, event in zip(gangs, results[:len(placed)], strict=True):
+                if isinstance(event, BaseException):  # the starts went out: losing their event must not undo them
+                    log.warning("placed_event_lost", job_id=g.record.job_id, error=repr(event))
+            for (_, items), result in zip(by_node.items(), results[len(placed):], strict=True):
+                for i, (resv, index, _) in enumerate(items):
+                    answers[resv][index] = result if isinstance(result, BaseException) else result[i]
+        except Exception as exc:  # noqa: BLE001 - each gang undoes its attempt through its own path below
+            for g in gangs:
+                answers[g.resv] = {p.pod_index: exc for p in g.placements}
+        await asyncio.gather(*[self._start_or_roll_back(g, answers[g.resv]) for g in gangs])
+
+    async def _request_starts(self, node_id: str, starts: list[StartPod]) -> list[CommandAck | None]:
+        """One node's starts of a cycle in one request; the answers in the same order (None: unanswered)."""
+        if len(starts) == 1:
+            return [await self._request(node_id, starts[0])]
+        ack = await self._request(node_id, StartPods(starts=starts))
+        if ack is None:
+            return [None] * len(starts)
+        if len(ack.acks) == len(starts):
+            return list(ack.acks)
+        if not ack.ok:  # refused whole (before any start was handled: a malformed request, a fenced agent)
+            return [CommandAck(ok=False, error=ack.error or "refused")] * len(starts)
+        log.warning("start_batch_answer_malformed", node_id=node_id, starts=len(starts), acks=len(ack.acks))
+        return [None] * len(starts)  # what the agent did is unknown: each start is settled (SettlePod)
+
+    def _placed_event(self, reserved: Reserved) -> Coroutine[Any, Any, None]:
+        updated = reserved.record
+        if reserved.grow:
+            return publish_job_event(self.js, updated, "extras-placed",
+                                     reason=f"elastic extra pods {[p.pod_index for p in reserved.placements]}")
+        return publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at,
+                                 reason="placed")
+
+    def _start_commands(self, reserved: Reserved) -> dict[int, StartPod]:
+        """The ``StartPod`` of each pod of a reserved gang, by pod index."""
+        updated, resv, attempt = reserved.record, reserved.resv, reserved.attempt
+        by_index = {p.index: p for p in updated.pods}
+        floor = live_floor(updated)
+        world = sum(1 for p in updated.pods if p.node and p.state not in POD_DONE_STATES)
+        tmpl = updated.spec.spec.template
+        share = tmpl.resources.gpu_share
+        return {
+            p.pod_index: StartPod(
+                event_id=f"{resv}.{p.pod_index}.start",
+                job_id=updated.job_id,
+                pod=agent_pod_id(by_index[p.pod_index].name, attempt),
+                pod_index=p.pod_index,
+                world_size=world,
+                command=tmpl.command,
+                image=tmpl.image,
+                env={**tmpl.env, "TIDE_PREEMPTIONS": str(updated.preemptions),
+                     "TIDE_LAST_CHECKPOINT_AT": str(updated.last_checkpoint_at or "")},
+                gpus=reserved.assignments[p.pod_index],
+                share_sm_percent=share.sm_percent if share else None,
+                share_memory_mib=p.alloc.gpu_mem_mib[0] if share and p.alloc.gpu_mem_mib else None,
+                cpu_milli=p.alloc.cpu_milli,
+                memory_mib=p.alloc.memory_mib,
+                job_floor=floor,
+            )
+            for p in reserved.placements
+        }
+
+    async def _start_or_roll_back(self, reserved: Reserved,
+                                  answers: dict[int, CommandAck | BaseException | None]) -> None:
         """A background start that fails outright (Redis or NATS away) undoes its attempt, logged. A fenced
         one (another placer leads now) leaves the attempt to the leader: adopted or lapsed."""
         try:
-            await self._start(reserved)
+            await self._start(reserved, answers)
         except FencedOut as exc:
             await self._step_down(str(exc))
         except Exception as exc:
@@ -594,54 +690,17 @@ class PlacerService:
         finally:
             self._own_resv.discard(reserved.resv)
 
-    async def _start(self, reserved: Reserved) -> None:
-        """Start a reserved gang's pods; commit once every agent acknowledged, else roll it back whole."""
+    async def _start(self, reserved: Reserved, answers: dict[int, CommandAck | BaseException | None]) -> None:
+        """Act on the agents' answers to a reserved gang's starts: commit once every agent acknowledged (the
+        pods it answered started are recorded running in the same step), else roll the gang back whole."""
         updated, placements, resv, attempt = reserved.record, reserved.placements, reserved.resv, reserved.attempt
         job_id = updated.job_id
         with job_span(tracer, "placer.start", job_id, pods=len(placements)):
-            if reserved.grow:
-                placed = publish_job_event(self.js, updated, "extras-placed",
-                                           reason=f"elastic extra pods {[p.pod_index for p in placements]}")
-            else:
-                placed = publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at,
-                                           reason="placed")
-            by_index = {p.index: p for p in updated.pods}
-            floor = live_floor(updated)
-            world = sum(1 for p in updated.pods if p.node and p.state not in POD_DONE_STATES)
-            tmpl = updated.spec.spec.template
-            share = tmpl.resources.gpu_share
-            starts = [
-                self._request(p.alloc.node_id, StartPod(
-                    event_id=f"{resv}.{p.pod_index}.start",
-                    job_id=job_id,
-                    pod=agent_pod_id(by_index[p.pod_index].name, attempt),
-                    pod_index=p.pod_index,
-                    world_size=world,
-                    command=tmpl.command,
-                    image=tmpl.image,
-                    env={**tmpl.env, "TIDE_PREEMPTIONS": str(updated.preemptions),
-                         "TIDE_LAST_CHECKPOINT_AT": str(updated.last_checkpoint_at or "")},
-                    gpus=reserved.assignments[p.pod_index],
-                    share_sm_percent=share.sm_percent if share else None,
-                    share_memory_mib=p.alloc.gpu_mem_mib[0] if share and p.alloc.gpu_mem_mib else None,
-                    cpu_milli=p.alloc.cpu_milli,
-                    memory_mib=p.alloc.memory_mib,
-                    job_floor=floor,
-                ))
-                for p in placements
-            ]
-            if self.settings.fault_pause_after_reserve_s:
-                await placed
-                await asyncio.sleep(self.settings.fault_pause_after_reserve_s)
-                results = await asyncio.gather(*starts)
-            else:  # the placed event is queued on the connection before the start commands: it stays first
-                event, *answers = await asyncio.gather(placed, *starts, return_exceptions=True)
-                if isinstance(event, Exception):  # the starts went out: losing their event must not undo them
-                    log.warning("placed_event_lost", job_id=job_id, error=repr(event))
-                for answer in answers:
-                    if isinstance(answer, BaseException):
-                        raise answer
-                results = [a for a in answers if not isinstance(a, BaseException)]
+            for p in placements:
+                answer = answers.get(p.pod_index)
+                if isinstance(answer, BaseException):
+                    raise answer
+            results = [a if isinstance(a, CommandAck) else None for a in (answers.get(p.pod_index) for p in placements)]
             errors = {p.pod_index: start_error(ack) for p, ack in zip(placements, results, strict=True)}
             unanswered = [p for p, ack in zip(placements, results, strict=True) if ack is None]
             refused = {p.pod_index for p, ack in zip(placements, results, strict=True) if ack and not ack.ok}
@@ -665,8 +724,40 @@ class PlacerService:
             if not committed:
                 await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
                 return
-            await self._while_redis_away(lambda: self._update(job_id, lambda r: commit(r, resv)), "commit")
+            by_index = {p.index: p for p in updated.pods}
+            started = [(by_index[p.pod_index].name, p.alloc.node_id)
+                       for p, ack in zip(placements, results, strict=True) if ack is not None and ack.started]
+            turned: list[str] = []
+
+            def commit_and_start(r: JobRecord) -> bool:
+                """The commit, and the pods their agents answered started (their PodStarted follows in the
+                agents' next status batch, and changes nothing then)."""
+                turned.clear()
+                changed = commit(r, resv)
+                for name, node in started:
+                    outcome = pod_started(r, name, attempt, node, time.time())
+                    changed = changed or outcome is not None
+                    if outcome:
+                        turned.append(name)
+                return changed
+
+            record = await self._while_redis_away(lambda: self._update(job_id, commit_and_start), "commit")
             log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements), extras=reserved.grow)
+            if record is not None and started:
+                await self._started_events(record, started, bool(turned))
+
+    async def _started_events(self, record: JobRecord, started: list[tuple[str, str]], turned: bool) -> None:
+        """``pod-started`` for each pod of a gang (a one-pod job's ``running`` carries its pod and node instead),
+        then ``running`` when the job turned running."""
+        one_pod = len(record.pods) == 1
+        if not one_pod:
+            for name, node in started:
+                await publish_job_event(self.js, record, "pod-started", pod=name, node=node, state=record.state,
+                                        reason="")
+        if turned:
+            log.info("job_running", job_id=record.job_id)
+            pod, node = started[-1] if one_pod else (None, None)
+            await publish_job_event(self.js, record, "running", pod=pod, node=node)
 
     async def _settle_starts(self, record: JobRecord, resv: str, attempt: int, pods: list[PodPlacement]
                              ) -> dict[int, PodFate | None]:
@@ -722,7 +813,7 @@ class PlacerService:
         """Send a command to a node agent; returns '' on acknowledgement, else the error."""
         return start_error(await self._request(node_id, command))
 
-    async def _request(self, node_id: str, command: StartPod | StopPod | SettlePod,
+    async def _request(self, node_id: str, command: StartPod | StartPods | StopPod | SettlePod,
                        timeout_s: float | None = None) -> CommandAck | None:
         """Send a command to a node agent and return its answer; None when none came (the agent, the reply
         or the connection was lost: whether the agent acted on it is unknown).
@@ -733,6 +824,10 @@ class PlacerService:
         timeout = timeout_s or self.settings.start_ack_timeout_s
         if isinstance(command, StartPod):
             command = command.model_copy(update={"expires_at": time.time() + timeout})
+        elif isinstance(command, StartPods):  # every start of the batch carries the deadline
+            expires = time.time() + timeout
+            command = StartPods(event_id=command.event_id, starts=[
+                s.model_copy(update={"expires_at": expires}) for s in command.starts])
         try:
             reply = await self.nc.request(subjects.node_cmd(node_id), command.to_bytes(), timeout=timeout,
                                           headers=trace_headers())  # the agent's span joins this trace
@@ -742,7 +837,7 @@ class PlacerService:
             return None
         return CommandAck.model_validate_json(reply.data)
 
-    def _must_lead(self, command: StartPod | StopPod | SettlePod) -> None:
+    def _must_lead(self, command: StartPod | StartPods | StopPod | SettlePod) -> None:
         """Only the leader commands agents: a placer that lost its lease (it was paused, cut off) sends nothing."""
         if not self.leading():
             raise NotLeading(f"not leading: {type(command).__name__} for job {command.job_id} not sent")
@@ -860,17 +955,39 @@ class PlacerService:
             await msg.term()
             return
         sender = msg.subject.split(".")[2]
-        if (status.node.node_id if isinstance(status, NodeRegistered) else status.node_id) != sender:
+        named = [status.node.node_id] if isinstance(status, NodeRegistered) else [status.node_id]
+        if isinstance(status, PodStatusBatch):
+            named += [item.node_id for item in status.items]
+        if any(n != sender for n in named):
             log.warning("node_status_id_mismatch", subject=msg.subject)
             await msg.term()
             return
         if isinstance(status, NodeRegistered):
             await self._node_registered(status)
-        elif isinstance(status, PodStarted):
+        elif isinstance(status, PodStatusBatch):
+            await self._pod_transitions(status.items)
+        else:
+            await self._pod_transition(status)
+        await msg.ack()
+
+    async def _pod_transitions(self, items: list[PodStarted | PodExited]) -> None:
+        """A node's batch of pod transitions: each job's in the order they happened, different jobs at once. A
+        batch that fails midway is redelivered whole; what was applied already changes nothing again."""
+        by_job: dict[str, list[PodStarted | PodExited]] = {}
+        for item in items:
+            by_job.setdefault(item.job_id, []).append(item)
+
+        async def in_order(job_items: list[PodStarted | PodExited]) -> None:
+            for item in job_items:
+                await self._pod_transition(item)
+
+        await asyncio.gather(*[in_order(job_items) for job_items in by_job.values()])
+
+    async def _pod_transition(self, status: PodStarted | PodExited) -> None:
+        if isinstance(status, PodStarted):
             await self._pod_started(status)
         else:
             await self._pod_exited(status)
-        await msg.ack()
 
     async def _node_registered(self, reg: NodeRegistered) -> None:
         node = reg.node
@@ -1036,23 +1153,29 @@ class PlacerService:
 
     async def _pod_started(self, started: PodStarted) -> None:
         pod, attempt = parse_agent_pod_id(started.pod)
+        if _already_started(self.view.record(started.job_id), pod, attempt, started.node_id):
+            return  # recorded when its start was answered (a pod's state only moves on under one token)
         turned: list[bool] = []
+        already: list[bool] = []
 
         def change(r: JobRecord) -> bool:
+            turned.clear()
+            already.clear()
+            if _already_started(r, pod, attempt, started.node_id):
+                already.append(True)
+                return False
             outcome = pod_started(r, pod, attempt, started.node_id, time.time())
             if outcome is not None:
                 turned.append(outcome)
             return outcome is not None
 
         record = await self._update(started.job_id, change)
+        if already:
+            return
         if record is None:  # an attempt that is over (rolled back, requeued): that pod must not run
             await self._fence_node(started.node_id, {f"{started.job_id}/{started.pod}"}, fresh=True)
             return
-        await publish_job_event(self.js, record, "pod-started", pod=pod, node=started.node_id,
-                                state=record.state, reason="")
-        if turned and turned[-1]:
-            log.info("job_running", job_id=record.job_id)
-            await publish_job_event(self.js, record, "running")
+        await self._started_events(record, [(pod, started.node_id)], bool(turned and turned[-1]))
 
     async def _pod_exited(self, exited: PodExited) -> None:
         pod, attempt = parse_agent_pod_id(exited.pod)
@@ -1082,11 +1205,17 @@ class PlacerService:
         if record is None:
             return
         new_state, to_stop = outcome[-1]
-        await publish_job_event(self.js, record, "pod-exited", pod=pod, node=exited.node_id,
-                                exit_code=exited.exit_code, reason=exited.reason.value)
+        one_pod = len(record.pods) == 1 and new_state is not None
+        if not one_pod:  # a one-pod job's terminal event says the same: its pod, node and exit code
+            await publish_job_event(self.js, record, "pod-exited", pod=pod, node=exited.node_id,
+                                    exit_code=exited.exit_code, reason=exited.reason.value)
         if new_state is not None:
             log.info("job_finished", job_id=record.job_id, state=new_state, reason=record.reason)
-            await publish_job_event(self.js, record, new_state.value)
+            if one_pod:
+                await publish_job_event(self.js, record, new_state.value, pod=pod, node=exited.node_id,
+                                        exit_code=exited.exit_code)
+            else:
+                await publish_job_event(self.js, record, new_state.value)
         if to_stop:
             await self.jobs.request_stop(record.job_id)
         if record.state == JobState.PREEMPTED and not any(p.node and p.state not in POD_DONE_STATES
@@ -1147,6 +1276,14 @@ def status_order_key(msg: Msg) -> str:
     except ValueError:
         return msg.subject
     return str(body.get("job_id") or msg.subject)
+
+
+def _already_started(record: JobRecord | None, pod: str, attempt: int, node: str) -> bool:
+    """The pod of this token on this node is recorded started (running or done) already."""
+    if record is None or not accepts_start(record, pod, attempt, node):
+        return False
+    p = next(p for p in record.pods if p.name == pod)
+    return p.state not in (PodState.PENDING, PodState.STARTING)
 
 
 def start_error(ack: CommandAck | None) -> str:

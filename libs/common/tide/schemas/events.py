@@ -181,7 +181,18 @@ class PodExited(Message):
     checkpointed: bool = Field(default=False, description="it acknowledged a checkpoint before it stopped")
 
 
-NodeStatus = Annotated[NodeRegistered | PodStarted | PodExited, Field(discriminator="kind")]
+PodTransition = Annotated[PodStarted | PodExited, Field(discriminator="kind")]
+
+
+class PodStatusBatch(Message):
+    """Every pod transition of one node since its last status message, in the order they happened: an agent
+    sends one per heartbeat that has any (one stream message, one delivery and one ack for all of them)."""
+    kind: Literal["pod-status"] = "pod-status"
+    node_id: str
+    items: list[PodTransition] = Field(default_factory=list)
+
+
+NodeStatus = Annotated[NodeRegistered | PodStarted | PodExited | PodStatusBatch, Field(discriminator="kind")]
 
 
 NODE_STATUS = TypeAdapter(NodeStatus)
@@ -238,7 +249,23 @@ class SettlePod(Message):
     pod: str
 
 
-NodeCommand = Annotated[StartPod | StopPod | SettlePod, Field(discriminator="kind")]
+class StartPods(Message):
+    """Every pod start of one placer cycle for one node, in one request: the agent handles them in order, each
+    as a ``StartPod`` (its own fencing token and expiry), and answers one ``CommandAck`` whose ``acks`` hold
+    each start's answer in the same order."""
+    kind: Literal["start-batch"] = "start-batch"
+    starts: list[StartPod]
+
+    @property
+    def job_id(self) -> str:  # for logs and spans: the first start's job
+        return self.starts[0].job_id if self.starts else ""
+
+    @property
+    def pod(self) -> str:
+        return ",".join(s.pod for s in self.starts)
+
+
+NodeCommand = Annotated[StartPod | StartPods | StopPod | SettlePod, Field(discriminator="kind")]
 
 
 NODE_COMMAND = TypeAdapter(NodeCommand)
@@ -266,6 +293,8 @@ class CommandAck(BaseModel):
     error: str = ""
     fate: PodFate | None = Field(default=None, description="the answer to a SettlePod")
     exited: PodExited | None = Field(default=None, description="with fate 'exited': how the pod ended")
+    started: bool = Field(default=False, description="a start answered: the pod runs (launched now or before)")
+    acks: list[CommandAck] = Field(default_factory=list, description="a StartPods' answers, one per start")
 
 
 class ProcessSample(BaseModel):
