@@ -608,7 +608,7 @@ class PlacerService:
             results = await asyncio.gather(
                 *placed, *[self._request_starts(node, [c for _, _, c in items]) for node, items in by_node.items()],
                 return_exceptions=True)
-            for g, event in zip(gangs, results[:len(placed)], strict=True):
+            for g, event in zip(gangs if placed else [], results[:len(placed)], strict=True):
                 if isinstance(event, BaseException):  # the starts went out: losing their event must not undo them
                     log.warning("placed_event_lost", job_id=g.record.job_id, error=repr(event))
             for (_, items), result in zip(by_node.items(), results[len(placed):], strict=True):
