@@ -38,13 +38,32 @@ def main(argv: list[str] | None = None) -> int:
         preempt(self, job_id, by, why, t)
 
     Replay._preempt = counting  # type: ignore[method-assign]
+    by_hour: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0])  # hour -> [preemptions, GPU-h lost]
+    by_gpus: collections.Counter[str] = collections.Counter()  # victim GPUs -> GPU-h lost
+    requeue = Replay._requeue
+
+    def measuring(self: Replay, job_id: str, attempt: int) -> None:
+        before = self.stats["preempted_gpu_h_lost"]
+        gpus = sum(sum(a.gpu_milli) for a in self.running[job_id][1]) / 1000 if job_id in self.running else 0.0
+        requeue(self, job_id, attempt)
+        lost = self.stats["preempted_gpu_h_lost"] - before
+        if lost or self.records[job_id].state.value == "pending":
+            bucket = by_hour[int(self.last_t // 3600)]
+            bucket[0] += 1
+            bucket[1] += lost
+            by_gpus[f"{gpus:g}"] += lost
+
+    Replay._requeue = measuring  # type: ignore[method-assign]
     config = WorkloadConfig(seed=args.seed, nodes=40, speedup=50.0, load=args.load, horizon_s=args.hours * 3600)
     workload = build_workload(NODES, TRACE, config)
     started = time.perf_counter()
     totals = replay(workload, LADDER[-1], tick_s=30.0).to_dict()["totals"]
     out = {"seed": args.seed, "load": args.load, "hours": args.hours,
            **{k: totals[k] for k in ("preemptions", "preempted_gpu_h_lost", "completed", "gpu_alloc_saturated_pct")},
-           "reasons": dict(reasons.most_common()), "wall_s": round(time.perf_counter() - started, 1)}
+           "reasons": dict(reasons.most_common()),
+           "by_hour": {h: [n, round(lost, 2)] for h, (n, lost) in sorted(by_hour.items())},
+           "gpu_h_lost_by_victim_gpus": {g: round(v, 2) for g, v in by_gpus.most_common()},
+           "wall_s": round(time.perf_counter() - started, 1)}
     print(json.dumps(out))
     top = ", ".join(f"{n} {why}" for why, n in reasons.most_common(3))
     print(f"preemption_reasons {args.hours:g} h seed {args.seed}: {out['preemptions']} preemptions, "

@@ -21,6 +21,7 @@ def queue_file(tmp_path: Path) -> Path:
         "queues:\n"
         "  - {name: team-a, weight: 1, guarantee: {gpu: 8}}\n"
         "  - {name: team-b, weight: 1, guarantee: {gpu: 8}}\n"
+        "priorityClasses: {offline-training: {preemptionDelay: 0}}\n"  # reclaim at once (default: after 30 s)
     )
     return path
 

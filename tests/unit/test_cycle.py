@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import datetime
 
@@ -111,7 +112,8 @@ def test_a_bind_in_between_lets_the_same_search_succeed() -> None:
     # may reclaim it: the failed search must not be reused after the bind
     nodes = [small_node("t0", gpus=2, pool="training"), small_node("i0", gpus=1, pool="inference")]
     tree = QueueTree.from_config({"queues": [{"name": "a", "weight": 0.5, "guarantee": {"gpu": 1}},
-                                             {"name": "b", "weight": 1, "guarantee": {"gpu": 2}}]})
+                                             {"name": "b", "weight": 1, "guarantee": {"gpu": 2}}],
+                                  "priorityClasses": {"offline-training": {"preemptionDelay": 0}}})
     running = {f"b{i}": (record(f"b{i}", 1, pool="training", queue="b", state=JobState.RUNNING), [whole("t0", [i])])
                for i in range(2)}
     early = record("early", 1, pool="training", queue="a", t=1)
@@ -252,3 +254,30 @@ def test_non_preemptible_work_never_borrows_lent_nodes() -> None:
     plan = plan_cycle(state(nodes, running, [pinned, borrower], tides=tides, wall=night), Placer())
     assert [(b.record.job_id, b.placements[0].alloc.node_id) for b in plan.binds] == [("borrower", "i0")]
     assert "pinned" in {r.job_id for r, _ in plan.not_placed}
+
+
+def test_a_job_preempts_only_after_its_class_preemption_delay() -> None:
+    """YuniKorn's preemption.delay: a pending job may preempt once it has waited its class's delay (30 s by
+    default; online-serving at once), counted from when it was last queued, so a job that ends meanwhile
+    makes room without a preemption."""
+    nodes = [small_node("n0", gpus=2)]
+    running = {f"be{i}": (record(f"be{i}", 1, priority="best-effort", state=JobState.RUNNING), [whole("n0", [i])])
+               for i in range(2)}
+    train = record("train", 1, t=0.0)
+    assert plan_cycle(state(nodes, running, [train], min_runtime_s=0), Placer()).preemptions == []  # 10 s pending
+    serve = record("serve", 1, priority="online-serving", t=9.0)
+    plan = plan_cycle(state(nodes, running, [serve], min_runtime_s=0), Placer())
+    assert [p.by for p in plan.preemptions] == ["serve"]
+    requeued = train.model_copy(update={"queued_at": 5.0})  # requeued at t=5: its delay starts again
+    for now, preempts in ((34.0, []), (35.5, ["train"])):
+        later = dataclasses.replace(state(nodes, running, [requeued], min_runtime_s=0), now=now)
+        assert [p.by for p in plan_cycle(later, Placer()).preemptions] == preempts
+    tree = QueueTree.from_config({"priorityClasses": {"offline-training": {"preemptionDelay": 5}}})
+    assert [p.by for p in plan_cycle(state(nodes, running, [train], tree=tree, min_runtime_s=0),
+                                     Placer()).preemptions] == ["train"]
+
+
+@pytest.mark.parametrize("policy", [{"preemptionDelay": -1}, {"preemptionDelay": "soon"}])
+def test_a_bad_preemption_delay_is_refused(policy: dict) -> None:
+    with pytest.raises(ValueError, match="preemptionDelay"):
+        QueueTree.from_config({"priorityClasses": {"best-effort": policy}})

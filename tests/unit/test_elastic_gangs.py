@@ -214,6 +214,8 @@ def test_a_job_needing_more_than_the_extras_takes_the_whole_job() -> None:
     drive.cycle()
     assert drive.pods("el") == [0, 1, 2]
     drive.submit(spec("big", gpu=4), "big")
+    assert drive.cycle().preemptions == []  # not before its class's preemption delay (30 s)
+    drive.now += 30
     plan = drive.cycle()
     assert [(p.job_id, p.pods) for p in plan.preemptions] == [("el", ())]
 

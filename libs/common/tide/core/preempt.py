@@ -123,8 +123,13 @@ class QueueGuard(VictimGuard):
 
 
 def may_preempt(ctx: CycleContext, record: JobRecord, lowest_running: int | None, excess: list[Excess]) -> bool:
-    """A cheap test before looking for victims: could anything be eligible at all?"""
-    if record.nominated_at is not None or excess:
+    """A cheap test before looking for victims: could anything be eligible at all? Not before the job has
+    waited its class's preemption delay."""
+    if record.nominated_at is not None:
+        return True
+    if preemption_delay_left(ctx.tree, record, ctx.state.now) > 0:
+        return False
+    if excess:
         return True
     if selector_pool(record) in {rule.lend for rule in ctx.tide_states}:
         return True
@@ -136,6 +141,12 @@ def may_preempt(ctx: CycleContext, record: JobRecord, lowest_running: int | None
     demand = job_demand(record.spec)
     return any(within_guarantee(tree.guarantee(p), ctx.usage.get(p), demand)
                for p in tree.ancestors(tree.resolve(record.spec.metadata.queue)))
+
+
+def preemption_delay_left(tree: QueueTree, record: JobRecord, now: float) -> float:
+    """Seconds until a pending job may preempt: its class's ``preemption_delay`` after it was last queued."""
+    since = record.queued_at if record.queued_at is not None else record.submitted_at
+    return max(0.0, since + tree.class_policy(record.spec.metadata.priority_class.value).preemption_delay - now)
 
 
 def preempt_for(ctx: CycleContext, record: JobRecord, exclude: set[str], feedback: FamilyWeights | None,

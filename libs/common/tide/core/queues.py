@@ -55,17 +55,24 @@ class MinRuntime:
         return cls(values.get("priority"), values.get("reclaim"))
 
 
+DEFAULT_PREEMPTION_DELAY_S = 30.0
+
+
 @dataclass(frozen=True)
 class ClassPolicy:
     """Per priority class: ``min_runtime`` caps the victims' priority minimum runtime when a job of
     this class preempts (online-serving: 0, it does not wait for young training to age); a class that
-    is not ``preemptible`` is never a victim (and may not borrow beyond its queue's guarantee)."""
+    is not ``preemptible`` is never a victim (and may not borrow beyond its queue's guarantee);
+    ``preemption_delay``: how long a job of this class waits (pending since it was last queued) before
+    it may preempt at all, so that room freed by jobs ending meanwhile is taken instead (YuniKorn's
+    ``preemption.delay``, 30 s by default there too; online-serving: 0)."""
 
     min_runtime: float | None = None
     preemptible: bool = True
+    preemption_delay: float = DEFAULT_PREEMPTION_DELAY_S
 
 
-DEFAULT_CLASSES: dict[str, ClassPolicy] = {"online-serving": ClassPolicy(min_runtime=0.0)}
+DEFAULT_CLASSES: dict[str, ClassPolicy] = {"online-serving": ClassPolicy(min_runtime=0.0, preemption_delay=0.0)}
 
 
 @dataclass(frozen=True)
@@ -147,12 +154,21 @@ class QueueTree:
         for name, policy in dict(raw.get("priorityClasses") or {}).items():  # type: ignore[call-overload]
             if name not in ("online-serving", "offline-training", "best-effort"):
                 raise ValueError(f"priorityClasses: unknown class {name!r}")
-            if not isinstance(policy, Mapping) or set(policy) - {"minRuntime", "preemptible"}:
-                raise ValueError(f"priorityClasses.{name}: only minRuntime (seconds) and preemptible (bool)")
-            mr = policy.get("minRuntime", classes.get(name, ClassPolicy()).min_runtime)
+            if not isinstance(policy, Mapping) or set(policy) - {"minRuntime", "preemptible", "preemptionDelay"}:
+                raise ValueError(f"priorityClasses.{name}: only minRuntime (seconds), preemptible (bool) and "
+                                 "preemptionDelay (seconds)")
+            known = classes.get(name, ClassPolicy())
+            mr = policy.get("minRuntime", known.min_runtime)
             if mr is not None and float(mr) < 0:
                 raise ValueError(f"priorityClasses.{name}: minRuntime must be >= 0")
-            classes[name] = ClassPolicy(None if mr is None else float(mr), bool(policy.get("preemptible", True)))
+            try:
+                delay = float(policy.get("preemptionDelay", known.preemption_delay))
+            except (TypeError, ValueError):
+                raise ValueError(f"priorityClasses.{name}: preemptionDelay must be seconds (a number)") from None
+            if delay < 0:
+                raise ValueError(f"priorityClasses.{name}: preemptionDelay must be >= 0")
+            classes[name] = ClassPolicy(None if mr is None else float(mr), bool(policy.get("preemptible", True)),
+                                        delay)
         fair = dict(raw.get("fairSharing") or {})  # type: ignore[call-overload]
         if set(fair) - {"enabled", "threshold"}:
             raise ValueError("fairSharing: only enabled (bool) and threshold (dominant share, 0..1)")
