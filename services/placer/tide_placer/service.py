@@ -831,7 +831,13 @@ class PlacerService:
         try:
             reply = await self.nc.request(subjects.node_cmd(node_id), command.to_bytes(), timeout=timeout,
                                           headers=trace_headers())  # the agent's span joins this trace
-        except nats.errors.Error as exc:  # timeout, no responders, a connection lost or reconnecting
+        except nats.errors.NoRespondersError:
+            if isinstance(command, (StartPod, StartPods)):  # nobody listens there: no start was received
+                return CommandAck(ok=False, error="no acknowledgement (no responders: the agent is not listening)")
+            log.warning("command_unanswered", job_id=command.job_id, node_id=node_id, command=command.kind,
+                        error="NoRespondersError")
+            return None
+        except nats.errors.Error as exc:  # timeout, a connection lost or reconnecting
             log.warning("command_unanswered", job_id=command.job_id, node_id=node_id, command=command.kind,
                         error=type(exc).__name__)
             return None
