@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import DeliverPolicy
 
 from tide import subjects
@@ -319,20 +321,11 @@ class TideClient:
         sub = await self.js.subscribe(subjects.job_events(job_id), stream="EVENTS", ordered_consumer=True,
                                       deliver_policy=DeliverPolicy.ALL)
         found: list[JobEvent] = []
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle_s)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    break
-                try:
-                    found.append(JobEvent.model_validate_json(msg.data))
-                except ValueError:
-                    pass
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
+        for msg in await _replayed(sub, idle_s):
+            try:
+                found.append(JobEvent.model_validate_json(msg.data))
+            except ValueError:
+                pass
         return found
 
     async def dead_letters(self, job_id: str, idle_s: float = 1.0) -> list[DeadLetter]:
@@ -349,21 +342,8 @@ class TideClient:
                                           deliver_policy=DeliverPolicy.ALL)
         except nats.js.errors.NotFoundError:
             return []
-        found: list[DeadLetter] = []
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle_s)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    break
-                letter = DeadLetter.from_headers(msg.headers)
-                if letter is not None:
-                    found.append(letter)
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
-        return found
+        letters = [DeadLetter.from_headers(msg.headers) for msg in await _replayed(sub, idle_s)]
+        return [letter for letter in letters if letter is not None]
 
     async def _history(self, job_id: str) -> dict[str, Any]:
         body: dict[str, Any] = await self.request(subjects.API_HISTORY, json.dumps({"job_id": job_id}).encode())
@@ -407,3 +387,21 @@ def summarize(record: dict[str, Any]) -> dict[str, Any]:
             for p in record["pods"]
         ],
     }
+
+
+async def _replayed(sub: Subscription, idle_s: float) -> list[Msg]:
+    """Every message an ordered consumer replays from a stream (until none is pending, or ``idle_s`` passes
+    without one), then unsubscribed."""
+    out: list[Msg] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=idle_s)
+            except (nats.errors.TimeoutError, TimeoutError):
+                break
+            out.append(msg)
+            if msg.metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return out
