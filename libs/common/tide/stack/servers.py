@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import sysconfig
@@ -13,10 +14,49 @@ class StackError(RuntimeError):
     pass
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_LISTEN_PORT = 10000
+_handed_out: set[int] = set()  # never hand the same port out twice in one process
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux default 32768-60999)."""
+    try:
+        low, high = (int(part) for part in EPHEMERAL_RANGE_FILE.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port no server listens on, drawn below the ephemeral range and never handed out twice.
+
+    Binding port 0 would draw from the ephemeral range, where a client's outgoing connection may take the
+    port before our server binds it, and two calls may return the same port: a Sentinel then watched a
+    NATS route listener instead of the Redis primary (CI at efe1fcd)."""
+    low, _high = ephemeral_port_range()
+    if low - LOWEST_LISTEN_PORT >= 1000:
+        for _ in range(500):
+            port = random.randint(LOWEST_LISTEN_PORT, low - 1)
+            if port not in _handed_out and _bindable(host, port):
+                _handed_out.add(port)
+                return port
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def nats_server_binary() -> str:
