@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tide.schemas.events import ExitReason, PodFate, SettlePod, StartPod, StopPod
+import pytest
+from tide.schemas.events import ExitReason, GpuAssignment, PodFate, SettlePod, StartPod, StopPod
+from tide_node_agent import service as agent_service
 
 from tests.helpers import py
-from tests.node_agent.conftest import AgentFactory
+from tests.node_agent.conftest import AgentFactory, CapturedAgent
 
 SLEEP = py("import time; time.sleep(30)")
 
@@ -78,3 +80,61 @@ async def test_settle_tells_running_exited_and_absent_and_an_absent_pod_never_st
     assert (await agent._start(StartPod(job_id="k", pod="k-0.a4", pod_index=0, world_size=1, command=SLEEP))).ok
     await agent.pods["k/k-0.a4"].stop(0)
     await asyncio.sleep(0)
+
+
+def on_gpu(agent: CapturedAgent, index: int, milli: int = 1000) -> list[GpuAssignment]:
+    gpu = agent.node.gpus[index]
+    return [GpuAssignment(index=gpu.index, uuid=gpu.uuid, milli=milli)]
+
+
+async def test_a_start_on_the_gpu_of_a_stopping_pod_runs_only_once_that_pod_is_dead(make_agent: AgentFactory) -> None:
+    """A rollback's claims are released when its stop is acknowledged: the next pod on that GPU must not
+    run beside the dying one (chaos: a GPU had two holders for milliseconds)."""
+    agent = make_agent()
+    assert (await agent._start(StartPod(job_id="a", pod="a-0.a1", pod_index=0, world_size=1, command=SLEEP,
+                                        gpus=on_gpu(agent, 0)))).ok
+    old = agent.pods["a/a-0.a1"]
+    assert (await agent._stop(StopPod(job_id="a", pod="a-0.a1", grace_s=0))).ok
+    ack = await agent._start(StartPod(job_id="b", pod="b-0.a1", pod_index=0, world_size=1, command=SLEEP,
+                                      gpus=on_gpu(agent, 0)))
+    assert ack.ok and ack.started
+    assert old.proc.returncode is not None and "a/a-0.a1" not in agent.pods
+    await agent.pods["b/b-0.a1"].stop(0)
+
+
+async def test_a_stopping_pod_in_its_grace_period_is_killed_for_a_start_on_its_gpu(
+        make_agent: AgentFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent_service, "STOPPING_HOLDER_WAIT_S", 0.2)
+    agent = make_agent()
+    deaf = py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+              "time.sleep(60)")
+    assert (await agent._start(StartPod(job_id="a", pod="a-0.a1", pod_index=0, world_size=1, command=deaf,
+                                        gpus=on_gpu(agent, 1)))).ok
+    old = agent.pods["a/a-0.a1"]
+    while b"up" not in old.log_path.read_bytes():
+        await asyncio.sleep(0.02)
+    assert (await agent._stop(StopPod(job_id="a", pod="a-0.a1", grace_s=60))).ok
+    ack = await agent._start(StartPod(job_id="b", pod="b-0.a1", pod_index=0, world_size=1, command=SLEEP,
+                                      gpus=on_gpu(agent, 1)))
+    assert ack.ok and ack.started
+    assert old.proc.returncode is not None  # killed, not waited out for 60 s
+    await agent.pods["b/b-0.a1"].stop(0)
+
+
+async def test_a_start_on_a_gpu_a_live_pod_holds_is_refused_and_shares_fit_beside_each_other(
+        make_agent: AgentFactory) -> None:
+    agent = make_agent()
+    assert (await agent._start(StartPod(job_id="a", pod="a-0.a1", pod_index=0, world_size=1, command=SLEEP,
+                                        gpus=on_gpu(agent, 2)))).ok
+    ack = await agent._start(StartPod(job_id="b", pod="b-0.a1", pod_index=0, world_size=1, command=SLEEP,
+                                      gpus=on_gpu(agent, 2)))
+    assert not ack.ok and "held by running pods" in ack.error and "a/a-0.a1" in ack.error
+    assert set(agent.pods) == {"a/a-0.a1"}
+    for job in ("s", "t"):
+        assert (await agent._start(StartPod(job_id=job, pod=f"{job}-0.a1", pod_index=0, world_size=1, command=SLEEP,
+                                            gpus=on_gpu(agent, 3, milli=500)))).ok
+    ack = await agent._start(StartPod(job_id="u", pod="u-0.a1", pod_index=0, world_size=1, command=SLEEP,
+                                      gpus=on_gpu(agent, 3, milli=100)))
+    assert not ack.ok and "held by running pods" in ack.error
+    for pod in list(agent.pods.values()):
+        await pod.stop(0)

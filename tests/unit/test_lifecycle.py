@@ -12,6 +12,7 @@ from tide.core.lifecycle import (
     commit,
     finish_cancel,
     gang_timed_out,
+    gpus_overcommitted,
     mark_unplaced,
     nominate,
     pod_exited,
@@ -28,7 +29,16 @@ from tide.core.lifecycle import (
     rollback_extras,
     start_refusal,
 )
-from tide.schemas.events import ExitReason, JobRecord, JobState, PodExited, PodFate, PodRecord, PodState
+from tide.schemas.events import (
+    ExitReason,
+    GpuAssignment,
+    JobRecord,
+    JobState,
+    PodExited,
+    PodFate,
+    PodRecord,
+    PodState,
+)
 from tide.schemas.job import JobSpec
 
 
@@ -299,3 +309,18 @@ def test_nominate_and_gang_timeout() -> None:
     r = job(JobState.PENDING, 0, UNPLACED)
     assert nominate(r, "preempting", NOW) and (r.nominated_at, r.reason) == (NOW, "preempting")
     assert gang_timed_out(r, r.spec, "fail", None, "gang timeout", NOW) and r.finished_at == NOW
+
+
+def _gpu(index: int, milli: int = 1000, mig: str | None = None) -> GpuAssignment:
+    return GpuAssignment(index=index, uuid=f"GPU-{index}", milli=milli, mig_profile=mig)
+
+
+def test_gpus_overcommitted_names_the_holders_of_a_gpu_that_would_pass_its_whole() -> None:
+    held = {"a/a-0.a1": [_gpu(0)], "s/s-0.a1": [_gpu(1, 600)], "t/t-0.a1": [_gpu(1, 300)],
+            "m/m-0.a1": [_gpu(2, mig="1g.10gb")]}
+    assert gpus_overcommitted([_gpu(0)], held) == {"a/a-0.a1": [0]}
+    assert gpus_overcommitted([_gpu(1, 100)], held) == {}  # 600 + 300 + 100 fits one GPU
+    assert gpus_overcommitted([_gpu(1, 200)], held) == {"s/s-0.a1": [1], "t/t-0.a1": [1]}
+    assert gpus_overcommitted([_gpu(2, mig="1g.10gb")], held) == {}  # MIG slices are the MIG table's
+    assert gpus_overcommitted([_gpu(3), _gpu(0, 1)], held) == {"a/a-0.a1": [0]}
+    assert gpus_overcommitted([], held) == {}

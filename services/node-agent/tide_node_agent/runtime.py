@@ -275,6 +275,13 @@ class PodProcess:
                 await _run_quietly(self.cleanup_argv)
 
 
+    def kill(self) -> None:
+        """SIGKILL the whole process group now (its GPUs are wanted by another pod)."""
+        if self.proc.returncode is None:
+            self.stopping = True
+            _killpg(self.proc.pid, signal.SIGKILL)
+
+
 def _killpg(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)

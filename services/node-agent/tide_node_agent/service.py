@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, publish
-from tide.core.lifecycle import pod_fate, start_refusal
+from tide.core.lifecycle import gpus_overcommitted, pod_fate, start_refusal
 from tide.core.mig import profiles_for
 from tide.runtime import every
 from tide.schemas.events import (
@@ -72,6 +72,8 @@ tracer = trace.get_tracer("tide.node_agent")
 MIB = 1024 * 1024
 FENCE_MEMORY = 10_000
 """jobs whose fencing floor the agent remembers (oldest forgotten first)"""
+STOPPING_HOLDER_WAIT_S = 2.0
+"""how long a start waits for a stopping pod on its GPUs to exit before it kills that pod outright"""
 RECENT_EXITS = 256  # exits a (re-)registration repeats, so a pod whose exit is still on its way is not called lost
 
 
@@ -452,10 +454,15 @@ class NodeAgent:
             stale = old_attempt < job_floor or (old_name == name and old_attempt < attempt)
             if old.cmd.job_id == cmd.job_id and stale:
                 self._log.warning("stale_pod_stopping", job_id=cmd.job_id, pod=old.cmd.pod, newer=cmd.pod)
+                old.stopping = True  # now, not when the task runs: a start behind this one waits for it
                 asyncio.get_running_loop().create_task(old.stop(0.0))
         known = {g.index for g in self.node.gpus}
         if any(g.index not in known for g in cmd.gpus):
             return CommandAck(ok=False, error=f"unknown GPU index in {[g.index for g in cmd.gpus]}")
+        held = await self._gpus_held(cmd)
+        if held:
+            self._log.warning("start_refused", job_id=cmd.job_id, pod=cmd.pod, reason="gpus_held", held=held)
+            return CommandAck(ok=False, error=f"GPUs still held by running pods: {held}")
         try:
             uuids, mig = self.resolve_gpus(cmd)
         except MigError as exc:
@@ -495,6 +502,26 @@ class NodeAgent:
         self._transition(PodStarted(node_id=self.node_id, job_id=cmd.job_id, pod=cmd.pod, pid=pod.proc.pid))
         return CommandAck(ok=True, started=True)
 
+    async def _gpus_held(self, cmd: StartPod) -> dict[str, list[int]]:
+        """Make room on the GPUs the start wants; what is still held by a pod that is not stopping.
+
+        A stopping pod may hold them still: the placer releases a rolled-back pod's claims once its stop is
+        acknowledged, before the process has died. The start waits for such a pod to exit (it is killed
+        outright after ``STOPPING_HOLDER_WAIT_S``: its GPUs belong to the new pod now), so no GPU ever has
+        two holders. A live pod there means Redis and the node disagree: the start is refused."""
+        clashes = gpus_overcommitted(cmd.gpus, {k: p.cmd.gpus for k, p in self.pods.items()})
+        stopping = [self.pods[k] for k in clashes if self.pods[k].stopping or self.pods[k].proc.returncode is not None]
+        for pod in stopping:
+            self._log.info("start_waits_for_stopping_pod", job_id=cmd.job_id, pod=cmd.pod, holder=pod.key)
+            if pod.waiter is None:
+                continue
+            try:
+                await asyncio.wait_for(asyncio.shield(pod.waiter), STOPPING_HOLDER_WAIT_S)
+            except TimeoutError:
+                pod.kill()
+                await asyncio.wait_for(asyncio.shield(pod.waiter), STOPPING_HOLDER_WAIT_S)
+        return gpus_overcommitted(cmd.gpus, {k: p.cmd.gpus for k, p in self.pods.items()})
+
     def _settle(self, cmd: SettlePod) -> CommandAck:
         """What became of a pod whose start the placer saw unanswered; a pod never started here is refused
         from now on (the floor passes its attempt), so the placer may roll its attempt back."""
@@ -515,6 +542,7 @@ class NodeAgent:
                                        reason=ExitReason.STOPPED, message="not running on this node"))
             return CommandAck(ok=True)
         self._log.info("pod_stopping", job_id=cmd.job_id, pod=cmd.pod, grace_s=cmd.grace_s, reason=cmd.reason)
+        pod.stopping = True  # now, not when the task runs: a start behind this one waits for it
         asyncio.get_running_loop().create_task(pod.stop(cmd.grace_s))
         return CommandAck(ok=True)
 

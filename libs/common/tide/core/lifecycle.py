@@ -8,13 +8,14 @@ placer only applies these inside its atomic record updates; see docs/architectur
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from tide.core.job_placement import pod_name
 from tide.schemas.events import (
     POD_DONE_STATES,
     TERMINAL_STATES,
     ExitReason,
+    GpuAssignment,
     JobRecord,
     JobState,
     PodExited,
@@ -388,3 +389,25 @@ def start_refusal(attempt: int, floor: int, expires_at: float | None, now: float
     if expires_at is not None and now > expires_at:
         return f"stale start: the request expired {now - expires_at:.1f}s ago (the placer gave up on it)"
     return ""
+
+
+def gpus_overcommitted(
+    wanted: Sequence[GpuAssignment], held: Mapping[str, Sequence[GpuAssignment]],
+) -> dict[str, list[int]]:
+    """The pods (by key) that hold a share of a GPU the new pod wants, where both together would pass the
+    whole GPU (1000 milli), and which GPU indexes. MIG slices are left to the MIG table (their instances
+    never overlap). A start must not run beside such a pod: its claims were released while it still ran
+    (a stop acknowledged before the process died), or Redis and the node disagree."""
+    want = {g.index: g.milli for g in wanted if g.mig_profile is None}
+    used: dict[int, int] = {}
+    for gpus in held.values():
+        for g in gpus:
+            if g.mig_profile is None and g.index in want:
+                used[g.index] = used.get(g.index, 0) + g.milli
+    full = {i for i, milli in want.items() if used.get(i, 0) + milli > 1000}
+    clashes: dict[str, list[int]] = {}
+    for key, gpus in held.items():
+        hit = sorted({g.index for g in gpus if g.mig_profile is None and g.index in full})
+        if hit:
+            clashes[key] = hit
+    return clashes
