@@ -18,6 +18,7 @@ from tide.core.queues import (
     select_victims,
     usage_tree,
     within_limits,
+    work_lost_band,
 )
 
 TREE = QueueTree.from_config({"queues": [
@@ -103,6 +104,17 @@ def test_victims_spread_over_the_borrowing_queues_and_elastic_extras_go_first() 
     assert sorted(v.job_id for v in select_victims(heavier, lambda vs: len(vs) >= 4)) == ["a0", "a1", "a2", "b0"]
     extra = RunningJob("gang-extra", "c", 500, 1, work_lost_s=1e6, extra=True)
     assert [v.job_id for v in select_victims([*jobs, extra], lambda vs: len(vs) >= 1)] == ["gang-extra"]
+
+
+def test_spreading_the_victims_never_takes_a_job_that_loses_far_more_work() -> None:
+    """Queue a borrows most but runs only 2-hour-old jobs; queue b borrows less and runs 5-minute-old ones:
+    the young jobs go (replay seed 43: the spread alone had doubled the GPU-hours lost to preemption)."""
+    old = [RunningJob(f"a{i}", "a", 500, 1, work_lost_s=7200 + i, borrowed=8) for i in range(4)]
+    young = [RunningJob(f"b{i}", "b", 500, 1, work_lost_s=300 + i, borrowed=2) for i in range(4)]
+    victims = select_victims([*old, *young], lambda vs: len(vs) >= 2)
+    assert sorted(v.job_id for v in victims) == ["b0", "b1"]
+    assert work_lost_band(30) == 0 and work_lost_band(300) == work_lost_band(301) == 2
+    assert work_lost_band(7200) > work_lost_band(3600) > work_lost_band(300)
 
 
 def simulate(weights: list[float], guarantees: list[float], capacity: int, steps: int, seed: int) -> dict:

@@ -23,6 +23,7 @@ threshold}``); see docs/scheduling.md for the rules they feed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -434,6 +435,16 @@ class VictimGuard:
         return True
 
 
+WORK_LOST_BAND_S = 60.0
+
+
+def work_lost_band(work_lost_s: float) -> int:
+    """Doubling bands of work lost (under 1 min, 1-3 min, 3-7 min, 7-15 min, ...): victims in one band
+    cost about the same, so the spread over borrowing queues decides between them; a lower band always
+    goes first (spreading the victims never takes a job that loses far more work)."""
+    return int(math.log2(1.0 + max(0.0, work_lost_s) / WORK_LOST_BAND_S))
+
+
 def select_victims(
     candidates: Iterable[RunningJob],
     fits_without: Callable[[list[RunningJob]], bool],
@@ -443,11 +454,13 @@ def select_victims(
     """The cheapest whole jobs whose eviction lets the preemptor fit, or None.
 
     The sequence tried: an elastic gang's extra pods first, then jobs of queues borrowing (``borrowed``
-    > 0), then lower priority, then the queue borrowing most per weight *after the victims already
-    taken* (so victims spread over the borrowing queues instead of all coming from one), then least
-    work lost. A victim the ``guard`` refuses is skipped. Greedy until it fits, then every victim that
-    is not needed is dropped again (last chosen first), then a victim is swapped for a smaller one of
-    no better rank while the preemptor still fits, so GPUs evicted / needed stays close to 1.
+    > 0), then lower priority, then the least work lost in doubling bands (``work_lost_band``), then the
+    queue borrowing most per weight *after the victims already taken* (so victims spread over the
+    borrowing queues instead of all coming from one, but never at the price of a victim that loses
+    more than twice the work of another), then least work lost. A victim the ``guard`` refuses is
+    skipped. Greedy until it fits, then every victim that is not needed is dropped again (last chosen
+    first), then a victim is swapped for a smaller one of no better rank while the preemptor still
+    fits, so GPUs evicted / needed stays close to 1.
 
     ``monotone``: the caller knows that evicting more never stops the preemptor from fitting (a set
     fits, so does every larger one). The whole sequence is tried first (it does not fit: no victims),
@@ -462,8 +475,9 @@ def select_victims(
     left = {q: jobs[0].borrowed for q, jobs in by_queue.items()}
     heads = {q: 0 for q in by_queue}
 
-    def rank(c: RunningJob, borrowed: float) -> tuple[bool, bool, int, float, float, float, str]:
-        return (not c.extra, borrowed <= EPS, c.priority, -borrowed / c.weight, c.work_lost_s, c.gpus, c.job_id)
+    def rank(c: RunningJob, borrowed: float) -> tuple[bool, bool, int, int, float, float, float, str]:
+        return (not c.extra, borrowed <= EPS, c.priority, work_lost_band(c.work_lost_s), -borrowed / c.weight,
+                c.work_lost_s, c.gpus, c.job_id)
 
     sequence: list[RunningJob] = []
     while True:
