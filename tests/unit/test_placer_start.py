@@ -175,3 +175,56 @@ async def test_a_start_batch_carries_each_start_s_expiry_and_an_unanswered_batch
     command = NODE_COMMAND.validate_json(seen[0])
     assert isinstance(command, StartPods)
     assert all(s.expires_at is not None for s in command.starts)
+
+
+async def test_each_start_of_a_batch_carries_its_own_job_s_trace(monkeypatch) -> None:
+    """The job records' stored contexts (the queue's intake spans) parent each gang's ``placer.start``; each
+    ``StartPod`` carries its gang's, and the request's header the first start's."""
+    import tide.tracing as tracing
+    import tide_placer.service as placer_service
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from tide.schemas.events import StartPod, StartPods
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(placer_service, "tracer", provider.get_tracer("t"))
+    monkeypatch.setattr(tracing, "_spans_wanted", True)
+    svc = PlacerService(Settings())
+    sent: list[tuple[str, object, str | None]] = []
+
+    async def request(node: str, command: object, timeout_s: float | None = None) -> CommandAck | None:
+        sent.append((node, command, (tracing.trace_headers() or {}).get("traceparent")))
+        n = len(command.starts) if isinstance(command, StartPods) else 1
+        return CommandAck(ok=True, acks=[CommandAck(ok=True, started=True)] * n) if n > 1 else CommandAck(ok=True)
+
+    async def nothing() -> None:
+        return None
+
+    async def finish(reserved: SimpleNamespace, got: dict[int, object]) -> None:
+        return None
+
+    svc._request, svc._start_or_roll_back = request, finish  # type: ignore[method-assign, assignment]
+    svc._placed_event = lambda reserved: nothing()  # type: ignore[method-assign, assignment]
+    traces = {"a": "0af7651916cd43dd8448eb211c80319c", "b": "4bf92f3577b34da6a3ce929d0e0e4736"}
+    gangs = [_reserved("a", 1, ["n1", "n1"]), _reserved("b", 1, ["n1"]), _reserved("c", 1, ["n2"])]
+    for g in gangs:
+        job = g.record.job_id  # type: ignore[attr-defined]
+        g.record = g.record.model_copy(update={  # type: ignore[attr-defined]
+            "trace_parent": f"00-{traces[job]}-b7ad6b7169203331-01" if job in traces else None})
+    await svc._start_cycle(gangs)  # type: ignore[arg-type]
+    batch, header = next((c, h) for n, c, h in sent if n == "n1")
+    assert isinstance(batch, StartPods)
+    assert [(s.job_id, s.traceparent.split("-")[1]) for s in batch.starts if s.traceparent] == [
+        ("a", traces["a"]), ("a", traces["a"]), ("b", traces["b"])]
+    assert header == batch.starts[0].traceparent
+    spans = {s.attributes["tide.job_id"]: s for s in exporter.get_finished_spans() if s.name == "placer.start"}
+    for job in ("a", "b"):
+        assert format(spans[job].context.trace_id, "032x") == traces[job]
+        assert spans[job].parent is not None and spans[job].parent.span_id == 0xb7ad6b7169203331
+    assert spans["c"].parent is None  # no stored context (a record from before the field): a trace of its own
+    lone, lone_header = next((c, h) for n, c, h in sent if n == "n2")
+    assert isinstance(lone, StartPod) and lone.traceparent == lone_header
+    assert lone.traceparent.split("-")[1] == format(spans["c"].context.trace_id, "032x")

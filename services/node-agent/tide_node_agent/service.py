@@ -50,7 +50,7 @@ from tide.schemas.events import (
 )
 from tide.schemas.node import MigInstanceDescription, NodeDescription, default_h100_node, load_node_file
 from tide.settings import Settings
-from tide.tracing import job_span, remote_parent
+from tide.tracing import job_span, remote_parent, stored_parent
 
 from tide_node_agent import logs
 from tide_node_agent.gpu import BackendUnavailable, GpuBackend, MigError, PodGpus, parse_labels, with_labels
@@ -425,9 +425,12 @@ class NodeAgent:
             self.floor.popitem(last=False)
 
     async def _start_one(self, cmd: StartPod) -> CommandAck:
-        """One start of a ``StartPods``: an error is that start's refusal, not the others'."""
+        """One start of a ``StartPods``: an error is that start's refusal, not the others'. Its span continues its own
+        job's trace (``StartPod.traceparent``; the batch's header names only one job's)."""
         try:
-            return await self._start(cmd)
+            with stored_parent(cmd.traceparent), job_span(tracer, "agent.start", cmd.job_id, node=self.node_id,
+                                                          pod=cmd.pod):
+                return await self._start(cmd)
         except Exception as exc:
             self._log.exception("command_failed", job_id=cmd.job_id, pod=cmd.pod, error=repr(exc))
             return CommandAck(ok=False, error=repr(exc))

@@ -105,7 +105,7 @@ from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim
 from tide.store.jobs import JobStore
 from tide.store.lease import LeaderLease, transition
 from tide.store.redis import redis_for
-from tide.tracing import job_span, trace_headers
+from tide.tracing import detached_job_span, job_span, stored_parent, trace_headers, traceparent_of
 
 from tide_placer.metrics import PlacerMetrics
 from tide_placer.view import ClusterView
@@ -429,7 +429,8 @@ class PlacerService:
                 if b.feedback is not None:
                     log.info("feedback_applied", job_id=b.record.job_id, family=b.feedback.family,
                              memory_multiplier=b.feedback.memory_multiplier, affinity=b.feedback.affinity)
-                with job_span(tracer, "placer.reserve", b.record.job_id, pods=len(b.placements)):
+                with stored_parent(b.record.trace_parent), job_span(tracer, "placer.reserve", b.record.job_id,
+                                                                     pods=len(b.placements)):  # the job's trace
                     reserved = await self._reserve(b.record, b.placements, self.view.by_id, grow)
             self.metrics.reservation(reserved is not None)
             if reserved is not None:
@@ -591,11 +592,17 @@ class PlacerService:
     async def _start_cycle(self, gangs: list[Reserved]) -> None:
         """Start the gangs one cycle reserved: their placed events, then one request per node carrying every
         start of the cycle for it (``StartPods``; a lone start goes as a ``StartPod``); each gang then commits
-        or rolls back on its own answers (``_start``), as if it had sent its starts alone."""
+        or rolls back on its own answers (``_start``), as if it had sent its starts alone.
+
+        Each gang's ``placer.start`` span (in the job's trace: ``JobRecord.trace_parent``) runs from its starts
+        going out to its commit or rollback; each start carries it (``StartPod.traceparent``), so the agents'
+        spans for the job join its trace even inside a batch of other jobs' starts."""
         answers: dict[str, dict[int, CommandAck | BaseException | None]] = {g.resv: {} for g in gangs}
+        spans = {g.resv: detached_job_span(tracer, "placer.start", g.record.job_id, g.record.trace_parent,
+                                           pods=len(g.placements)) for g in gangs}
         try:
-            commands = {g.resv: self._start_commands(g) for g in gangs}
-            placed = [self._placed_event(g) for g in gangs]
+            commands = {g.resv: self._start_commands(g, traceparent_of(spans[g.resv])) for g in gangs}
+            placed = [_in_span(spans[g.resv], self._placed_event(g)) for g in gangs]  # its headers: the job's trace
             if self.settings.fault_pause_after_reserve_s:
                 await asyncio.gather(*placed, return_exceptions=True)
                 placed = []
@@ -617,13 +624,19 @@ class PlacerService:
         except Exception as exc:  # noqa: BLE001 - each gang undoes its attempt through its own path below
             for g in gangs:
                 answers[g.resv] = {p.pod_index: exc for p in g.placements}
-        await asyncio.gather(*[self._start_or_roll_back(g, answers[g.resv]) for g in gangs])
+
+        async def finish(g: Reserved) -> None:
+            with trace.use_span(spans[g.resv], end_on_exit=True):
+                await self._start_or_roll_back(g, answers[g.resv])
+
+        await asyncio.gather(*[finish(g) for g in gangs])
 
     async def _request_starts(self, node_id: str, starts: list[StartPod]) -> list[CommandAck | None]:
         """One node's starts of a cycle in one request; the answers in the same order (None: unanswered)."""
-        if len(starts) == 1:
-            return [await self._request(node_id, starts[0])]
-        ack = await self._request(node_id, StartPods(starts=starts))
+        with stored_parent(starts[0].traceparent):  # the header: the first start's trace (each start has its own)
+            if len(starts) == 1:
+                return [await self._request(node_id, starts[0])]
+            ack = await self._request(node_id, StartPods(starts=starts))
         if ack is None:
             return [None] * len(starts)
         if len(ack.acks) == len(starts):
@@ -641,8 +654,8 @@ class PlacerService:
         return publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at,
                                  reason="placed")
 
-    def _start_commands(self, reserved: Reserved) -> dict[int, StartPod]:
-        """The ``StartPod`` of each pod of a reserved gang, by pod index."""
+    def _start_commands(self, reserved: Reserved, traceparent: str | None = None) -> dict[int, StartPod]:
+        """The ``StartPod`` of each pod of a reserved gang, by pod index (each carrying ``traceparent``)."""
         updated, resv, attempt = reserved.record, reserved.resv, reserved.attempt
         by_index = {p.index: p for p in updated.pods}
         floor = live_floor(updated)
@@ -666,6 +679,7 @@ class PlacerService:
                 cpu_milli=p.alloc.cpu_milli,
                 memory_mib=p.alloc.memory_mib,
                 job_floor=floor,
+                traceparent=traceparent,
             )
             for p in reserved.placements
         }
@@ -695,7 +709,7 @@ class PlacerService:
         pods it answered started are recorded running in the same step), else roll the gang back whole."""
         updated, placements, resv, attempt = reserved.record, reserved.placements, reserved.resv, reserved.attempt
         job_id = updated.job_id
-        with job_span(tracer, "placer.start", job_id, pods=len(placements)):
+        with job_span(tracer, "placer.commit", job_id, pods=len(placements)):  # in placer.start
             for p in placements:
                 answer = answers.get(p.pod_index)
                 if isinstance(answer, BaseException):
@@ -1264,6 +1278,12 @@ async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
     finally:
         for t in tasks:
             t.cancel()
+
+
+async def _in_span(span: trace.Span, step: Coroutine[Any, Any, None]) -> None:
+    """``step`` with ``span`` current (not ended here)."""
+    with trace.use_span(span, record_exception=False, set_status_on_exception=False):  # the caller logs it
+        await step
 
 
 async def _set_when(target: asyncio.Event, *events: asyncio.Event) -> None:

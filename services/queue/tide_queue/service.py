@@ -41,7 +41,7 @@ from tide.stack.auth import Tenant, load_tenants, service_inbox_prefix
 from tide.store import keys
 from tide.store.jobs import JobStore
 from tide.store.redis import redis_for
-from tide.tracing import job_span
+from tide.tracing import current_traceparent, job_span
 
 from tide_queue.validation import check_tenant, parse_submission
 
@@ -183,6 +183,7 @@ class QueueService:
             updated_at=now,
             pods=[PodRecord(name=f"{job_id}-{i}", index=i) for i in range(gang)],
             owner=owner,
+            trace_parent=current_traceparent(),  # queue.submit's (a child of the submitter's): the placer goes on
         )
         score = pending_score(sub.spec.metadata.priority_class, sub.ts)
         created = await self.jobs.create(record, score)

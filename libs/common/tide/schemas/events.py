@@ -117,6 +117,9 @@ class JobRecord(BaseModel):
     queued_at: float | None = Field(default=None, description="when it was last (re)queued; None: submitted_at")
     pods: list[PodRecord] = Field(default_factory=list)
     owner: str | None = Field(default=None, description="the submitting tenant (from its subject); None: admin")
+    trace_parent: str | None = Field(
+        default=None, description="W3C traceparent of the queue's intake span: the placer's spans for the job (and "
+                                  "so the agents') continue its trace. None: submitted untraced, or before this field")
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)
@@ -230,6 +233,9 @@ class StartPod(Message):
     job_floor: int | None = Field(
         default=None, description="the oldest attempt of the job still live (elastic extras start with a newer "
                                   "one beside it); older pods of the job are stale. None: this start's attempt")
+    traceparent: str | None = Field(
+        default=None, description="W3C traceparent of the placer's start span for this job: the agent's span for "
+                                  "this start continues it (a StartPods' one header can name only one job's trace)")
 
 
 class StopPod(Message):
