@@ -8,12 +8,15 @@ import json
 
 import nats
 import pytest
+from redis.asyncio import Redis
 from tide import subjects
 from tide.cli.main import main
 from tide.client import TideClient
 from tide.schemas.events import CancelJob
+from tide.schemas.feedback import FamilyWeights
 from tide.stack.auth import Tenant
 from tide.stack.launcher import Stack
+from tide.store import keys
 
 from tests.helpers import job, py, small_node
 
@@ -100,20 +103,23 @@ async def test_tenant_cannot_use_admin_or_other_tenants_subjects(tenant_stack: S
     try:
         # the read paths a tenant must not take itself: other tenants' status/history/logs subjects, a node's logs
         # subject, and the EVENTS and DLQ streams (per-job subjects, consumers, single messages)
+        # (and the shared weights subject, whose history names every tenant's jobs, and another's weights subject)
         denied_publish = ("tide.jobs.submit", "tide.jobs.submit.bob", "tide.jobs.cancel.bob", "tide.api.status.bob",
                           "tide.api.history.bob", "tide.api.logs.bob", "tide.api.history", "tide.api.logs",
+                          "tide.api.weights", "tide.api.weights.bob",
                           "tide.node.n0.logs", "tide.api.queues.apply", "$js.api.stream.info.jobs",
                           "$js.api.stream.msg.get.events", "$js.api.direct.get.events",
                           "$js.api.consumer.create.events", "$js.api.stream.msg.get.dlq")
         for subject in (subjects.JOB_SUBMIT, subjects.job_submit_as("bob"), subjects.JOB_CANCEL,
                         subjects.job_cancel_as("bob"), subjects.API_STATUS, subjects.api_status_as("bob"),
                         subjects.api_history_as("bob"), subjects.api_logs_as("bob"), subjects.API_HISTORY,
-                        subjects.API_LOGS, subjects.node_logs("n0"), subjects.API_QUEUES_APPLY,
+                        subjects.API_LOGS, subjects.API_WEIGHTS, subjects.api_weights_as("bob"),
+                        subjects.node_logs("n0"), subjects.API_QUEUES_APPLY,
                         "$JS.API.STREAM.INFO.JOBS", "$JS.API.STREAM.MSG.GET.EVENTS", "$JS.API.DIRECT.GET.EVENTS",
                         "$JS.API.CONSUMER.CREATE.EVENTS", "$JS.API.STREAM.MSG.GET.DLQ"):
             await nc.publish(subject, b"{}")
         denied_subscribe = (subjects.EVENTS_ALL, subjects.job_events("bob-1"), subjects.DLQ_ALL,
-                            subjects.NODE_LOGS_ALL, "_INBOX.>")
+                            subjects.NODE_LOGS_ALL, subjects.API_WEIGHTS, subjects.API_WEIGHTS_TENANTS, "_INBOX.>")
         for subject in denied_subscribe:
             await nc.subscribe(subject)
         await nc.flush()
@@ -277,6 +283,83 @@ async def test_tenant_reads_only_its_own_jobs_on_every_read_path(tenant_stack: S
     finally:
         for c in (alice, bob):
             await c.close()
+
+
+def family_job(name: str, family: str) -> dict:
+    """A job of ``family`` that ends at once, in its tenant's queue."""
+    s = job(name, ["true"], gpu=1)
+    s["metadata"].update(queue="team-a" if name.startswith("alice") else "team-b", labels={"family": family})
+    return s
+
+
+async def test_tenant_sees_only_its_own_feedback_weights(tenant_stack: Stack, capsys) -> None:
+    """The feedback weights (tide.api.weights.<tenant>): a tenant sees the families of its own jobs and the changes
+    its own jobs caused, never another tenant's job ids or families (nor the evidence of another's change of a
+    family they share); the admin sees everything on tide.api.weights. Through the metrics service's own
+    feedback loop: each clean run of a family with a raised multiplier is a logged change naming the job."""
+    from tests.metrics.test_feedback_e2e import until
+
+    info = tenant_stack.info
+    assert info is not None
+    redis = Redis.from_url(info.redis_url("metrics"), decode_responses=True)
+    alice = await as_user(tenant_stack, "alice")
+    bob = await as_user(tenant_stack, "bob")
+    admin = await as_user(tenant_stack, "admin")
+    home = str(tenant_stack.home)
+    try:
+        for family in ("fam-a", "fam-b", "fam-shared"):
+            raised = FamilyWeights(family=family, memory_multiplier=1.5, evidence="raised by the test")
+            await redis.hset(keys.WEIGHTS, family, raised.model_dump_json())
+
+        async def logged(job_id: str) -> bool:
+            return job_id in {e["job_id"] for e in (await admin.weights(limit=50))["history"]}
+
+        # bob's and alice's jobs, then bob's run of the family they share last: its evidence names bob's job
+        for client, job_id, family in ((bob, "bob-b1", "fam-b"), (alice, "alice-a1", "fam-a"),
+                                       (alice, "alice-s1", "fam-shared"), (bob, "bob-s1", "fam-shared")):
+            assert (await client.submit(family_job(job_id, family), job_id=job_id)).accepted
+            assert (await client.wait(job_id, timeout_s=60))["state"] == "succeeded"
+            await until(lambda job_id=job_id: logged(job_id), f"the feedback change of {job_id}")
+
+        # the admin, on the shared subject: every family and every change
+        everything = await admin.weights(limit=50)
+        assert {"fam-a", "fam-b", "fam-shared"} <= {f["family"] for f in everything["families"]}
+        assert {"bob-b1", "alice-a1", "alice-s1", "bob-s1"} <= {e["job_id"] for e in everything["history"]}
+        assert "bob-s1" in {f["family"]: f for f in everything["families"]}["fam-shared"]["evidence"]
+
+        # alice, on her own subject: her families, her jobs' changes, no job id or family of bob's
+        mine = await alice.weights(limit=50)
+        assert [f["family"] for f in mine["families"]] == ["fam-a", "fam-shared"], mine
+        assert [e["job_id"] for e in mine["history"]] == ["alice-s1", "alice-a1"], mine
+        shared = {f["family"]: f for f in mine["families"]}["fam-shared"]
+        assert shared["memory_multiplier"] > 1 and "withheld" in shared["evidence"]  # bob's change: not shown
+        assert "bob" not in json.dumps(mine) and "fam-b" not in json.dumps(mine)
+        other = await alice.weights("fam-b")
+        assert other["families"] == [] and other["history"] == [], other
+        # bob's view is the mirror image
+        his = await bob.weights(limit=50)
+        assert [f["family"] for f in his["families"]] == ["fam-b", "fam-shared"]
+        assert [e["job_id"] for e in his["history"]] == ["bob-s1", "bob-b1"]
+        assert "alice" not in json.dumps(his) and "fam-a" not in json.dumps(his)
+
+        # the CLI as alice: the status footer and a job's family
+        code, out, err = await asyncio.to_thread(run_cli, home, capsys, "--user", "alice", "status")
+        assert code == 0 and "fam-a" in out and "fam-shared" in out, (out, err)
+        assert "bob" not in out and "fam-b" not in out, out
+        code, out, err = await asyncio.to_thread(run_cli, home, capsys, "--user", "alice", "status", "alice-s1",
+                                                 "--json")
+        assert code == 0 and json.loads(out)["feedback"]["family"] == "fam-shared" and "bob" not in out, (out, err)
+        code, out, _ = await asyncio.to_thread(run_cli, home, capsys, "status")  # the admin's footer: bob's too
+        assert code == 0 and "fam-b" in out and "bob-s1" in out, out
+
+        # her raw request on the shared subject, or on bob's, is a permissions violation: no answer
+        for subject in (subjects.API_WEIGHTS, subjects.api_weights_as("bob")):
+            with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+                await alice.nc.request(subject, b"{}", timeout=1)
+    finally:
+        for c in (alice, bob, admin):
+            await c.close()
+        await redis.aclose()
 
 
 async def test_oom_resubmission_keeps_its_tenant(make_stack) -> None:

@@ -102,6 +102,8 @@ class TideClient:
         # for its own jobs only (docs/security.md)
         self.history_subject = subjects.api_history_as(tenant) if tenant else None
         self.logs_subject = subjects.api_logs_as(tenant) if tenant else None
+        # the feedback weights: a tenant's own subject, on which the metrics service shows only its jobs' families
+        self.weights_subject = subjects.api_weights_as(tenant) if tenant else subjects.API_WEIGHTS
         self.nc = nc
         self.js = nc.jetstream()
         self.url = url or (str(nc.connected_url.geturl()) if nc.connected_url else "")
@@ -135,9 +137,9 @@ class TideClient:
         return json.loads(reply.data)
 
     def _as_user(self, subject: str) -> str:
-        """The subject this client sends an API request on: a tenant's own for status, history and logs."""
+        """The subject this client sends an API request on: a tenant's own for status, history, logs and weights."""
         mine = {subjects.API_STATUS: self.status_subject, subjects.API_HISTORY: self.history_subject,
-                subjects.API_LOGS: self.logs_subject}
+                subjects.API_LOGS: self.logs_subject, subjects.API_WEIGHTS: self.weights_subject}
         return mine.get(subject) or subject
 
     async def submit(
@@ -285,10 +287,11 @@ class TideClient:
         return result
 
     async def weights(self, family: str | None = None, limit: int = 20) -> dict[str, Any]:
-        """The feedback loop's family weights and recent changes (served by the metrics service)."""
+        """The feedback loop's family weights and recent changes (served by the metrics service); a tenant's
+        only: the families of its own jobs and the changes its jobs caused."""
         req: dict[str, Any] = {"limit": limit} | ({"family": family} if family else {})
         try:
-            reply = await self.nc.request(subjects.API_WEIGHTS, json.dumps(req).encode(), timeout=3)
+            reply = await self.nc.request(self.weights_subject, json.dumps(req).encode(), timeout=3)
         except Exception:
             return {"families": [], "history": []}
         return json.loads(reply.data)

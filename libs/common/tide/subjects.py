@@ -30,8 +30,10 @@ def job_cancel_as(tenant: str) -> str:
 
 
 def tenant_of(subject: str) -> str | None:
-    """The tenant a submit/cancel/status/history/logs subject speaks for; None for the admin's plain subjects."""
-    for base in (JOB_SUBMIT, JOB_CANCEL, f"{PREFIX}.api.status", f"{PREFIX}.api.history", f"{PREFIX}.api.logs"):
+    """The tenant a submit/cancel/status/history/logs/weights subject speaks for; None for the admin's plain
+    subjects."""
+    for base in (JOB_SUBMIT, JOB_CANCEL, f"{PREFIX}.api.status", f"{PREFIX}.api.history", f"{PREFIX}.api.logs",
+                 f"{PREFIX}.api.weights"):
         if subject.startswith(base + "."):
             return subject[len(base) + 1:]
     return None
@@ -181,5 +183,12 @@ PLACER_NODE_STATUS = ConsumerDef("NODE", "placer-node-status", [NODE_STATUS_ALL]
 METRICS_EVENTS = ConsumerDef("EVENTS", "metrics-events", [EVENTS_ALL])
 METRICS_DEAD_LETTERS = ConsumerDef("DLQ", "metrics-dead-letters", [DLQ_ALL])  # counts them (tide_dead_letters)
 
-# The feedback loop's weights per job family (request/reply, served by the metrics service)
+# The feedback loop's weights per job family (request/reply, served by the metrics service): every family and
+# the whole history on the admin's subject; on a tenant's own subject only the families of its jobs and the
+# history of its jobs (docs/security.md)
 API_WEIGHTS = f"{PREFIX}.api.weights"
+API_WEIGHTS_TENANTS = f"{PREFIX}.api.weights.*"
+
+
+def api_weights_as(tenant: str) -> str:
+    return f"{API_WEIGHTS}.{tenant}"

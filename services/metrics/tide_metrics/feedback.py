@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from nats.aio.client import Client as NATS
@@ -39,6 +40,7 @@ from tide.schemas.job import JobSpec
 from tide.schemas.node import NodeDescription
 from tide.settings import Settings
 from tide.store import keys
+from tide.store.jobs import JobStore
 from tide.tracing import job_span
 
 log = structlog.get_logger()
@@ -48,6 +50,8 @@ MARKER_TTL_S = 7 * 24 * 3600
 
 HISTORY = keys.FEEDBACK_LOG  # list, newest first: every change with its evidence
 HISTORY_LEN = 500
+TENANT_JOBS_WINDOW = 1000  # a tenant's families: those of its jobs among this many most recent (as the queue's list)
+EVIDENCE_WITHHELD = "(withheld: the last change came from a job that is not known to be yours)"
 
 
 def marker(job_id: str, kind: str) -> str:
@@ -64,6 +68,49 @@ def policy_from(settings: Settings) -> FeedbackPolicy:
         affinity_step=settings.feedback_affinity_step,
         max_resubmits=settings.feedback_max_resubmits,
     )
+
+
+def weights_request(data: bytes | None) -> tuple[str | None, int]:
+    """A weights API request's ``(family, limit)``: ``{}`` or ``{"family": "x", "limit": 20}``; anything else
+    in it is ignored (a family that is not a string: every family; a limit that is not a number: 20; a limit is
+    kept within 0 and ``HISTORY_LEN``)."""
+    try:
+        req = json.loads(data) if data else {}
+    except ValueError:
+        req = {}
+    if not isinstance(req, dict):
+        req = {}
+    family = req.get("family")
+    try:
+        limit = int(req.get("limit", 20))
+    except (TypeError, ValueError, OverflowError):
+        limit = 20
+    return (family if isinstance(family, str) else None), max(0, min(limit, HISTORY_LEN))
+
+
+def tenant_weights(
+    weights: Mapping[str, FamilyWeights], history: Sequence[dict[str, Any]], owners: Mapping[str, str | None],
+    own_families: Iterable[str], tenant: str, family: str | None = None, limit: int = 20,
+) -> dict[str, Any]:
+    """What ``tenant`` may see of the weights API (``tide.api.weights.<tenant>``; docs/security.md).
+
+    ``history`` is the feedback log (newest first), ``owners`` the owner of each job id in it that has a record
+    (None: the admin's), ``own_families`` the families of the tenant's own jobs. The tenant sees the history
+    entries of its own jobs (each entry's evidence names only its own job) and the weights of the families of its
+    own jobs; a family's ``evidence`` (its last change, which names the job that caused it) only when it is the
+    evidence of one of those entries, else ``EVIDENCE_WITHHELD``. No other job id than its own appears."""
+    mine = [e for e in history if isinstance(e.get("job_id"), str) and owners.get(e["job_id"]) == tenant]
+    visible = set(own_families) | {e.get("family") for e in mine}
+    if family is not None:
+        visible &= {family}
+    own_evidence = {(e.get("family"), e.get("evidence")) for e in mine}
+    families = []
+    for name in sorted(f for f in visible if isinstance(f, str) and f in weights):
+        w = weights[name]
+        if w.evidence and (name, w.evidence) not in own_evidence:
+            w = w.model_copy(update={"evidence": EVIDENCE_WITHHELD})
+        families.append(w.model_dump())
+    return {"families": families, "history": [e for e in mine if e.get("family") in visible][:max(0, limit)]}
 
 
 @dataclass
@@ -151,6 +198,7 @@ class FeedbackLoop:
         self.js = js
         self.on_change = on_change or (lambda w, kind: None)
         self.on_resubmit = on_resubmit or (lambda family: None)
+        self.jobs = JobStore(redis)
 
     # ------------------------------------------------------------ reads
     async def record(self, job_id: str) -> JobRecord | None:
@@ -290,3 +338,13 @@ class FeedbackLoop:
         weights = await self.weights(family)
         return {"families": [w.model_dump() for _, w in sorted(weights.items())],
                 "history": await self.history(family, limit), "ts": time.time()}
+
+    async def api_weights_for(self, tenant: str, family: str | None, limit: int = 20) -> dict[str, Any]:
+        """The weights API on ``tide.api.weights.<tenant>``: what ``tenant_weights`` lets the tenant see, from the
+        weights, the feedback log, the owners of the jobs in it and the tenant's most recent jobs."""
+        weights = await self.weights(family)
+        history = [json.loads(raw) for raw in await self.redis.lrange(HISTORY, 0, HISTORY_LEN - 1)]
+        ids = sorted({e["job_id"] for e in history if isinstance(e.get("job_id"), str)})
+        owners = {r.job_id: r.owner for r in await self.jobs.get_many(ids) if r is not None}
+        own_families = {family_of(r.spec) for r in await self.jobs.recent(TENANT_JOBS_WINDOW) if r.owner == tenant}
+        return tenant_weights(weights, history, owners, own_families, tenant, family, limit) | {"ts": time.time()}

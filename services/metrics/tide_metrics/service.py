@@ -43,7 +43,7 @@ from tide.store.redis import redis_for
 
 from tide_metrics import dcgm, state
 from tide_metrics.dead_letters import DeadLetterCounter
-from tide_metrics.feedback import FeedbackLoop, JobUsage
+from tide_metrics.feedback import FeedbackLoop, JobUsage, weights_request
 from tide_metrics.traces import TERMINAL_KINDS, Timeline, emit
 
 log = structlog.get_logger()
@@ -133,6 +133,8 @@ class MetricsService:
             on_resubmit=lambda family: self.resubmissions.add(1, {"family": family}),
         )
         self._api = await self.nc.subscribe(subjects.API_WEIGHTS, cb=self._on_api_weights)
+        # a tenant's weights (tide.api.weights.<tenant>): only the families and history of its own jobs
+        self._api_tenants = await self.nc.subscribe(subjects.API_WEIGHTS_TENANTS, cb=self._on_api_weights)
         # Telemetry is a series of samples that the next one supersedes (a pod's usage is cumulative since it
         # started, peak included), so a plain subscription does: no pull requests and no acks, which at 1,000
         # nodes cost more CPU than the rest of the metrics service. A restart misses the samples sent while it
@@ -526,14 +528,20 @@ class MetricsService:
             self.snapshot.weights = await self.feedback.weights()
 
     async def _on_api_weights(self, msg: Msg) -> None:
+        """Every family and the whole history on ``tide.api.weights`` (the admin's); on a tenant's own subject
+        (``tide.api.weights.<tenant>``: the servers let only that tenant publish there) only what
+        ``feedback.tenant_weights`` lets it see."""
+        tenant = subjects.tenant_of(msg.subject)
         try:
-            req = json.loads(msg.data or b"{}") if msg.data else {}
-            family = req.get("family") if isinstance(req, dict) else None
-            limit = int(req.get("limit", 20)) if isinstance(req, dict) else 20
-            body = await self.feedback.api_weights(family, limit)
+            family, limit = weights_request(msg.data)
+            if tenant is None:
+                body = await self.feedback.api_weights(family, limit)
+            else:
+                body = await self.feedback.api_weights_for(tenant, family, limit)
         except Exception as exc:
-            body = {"error": repr(exc)}
-        await msg.respond(json.dumps(body).encode())
+            body = {"families": [], "history": [], "error": repr(exc)}
+        if msg.reply:
+            await msg.respond(json.dumps(body).encode())
 
     # ------------------------------------------------------------ telemetry
     async def _on_telemetry(self, msg: Msg) -> None:

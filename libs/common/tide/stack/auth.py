@@ -79,8 +79,9 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
             "publish": [subjects.PLACER_WEIGHTS, subjects.JOB_SUBMIT, subjects.JOB_SUBMIT_TENANTS, *js_stream_lookup(),
                         *js_consumer_with_dlq(subjects.METRICS_EVENTS),
                         *js_consumer_with_dlq(subjects.METRICS_DEAD_LETTERS)],
+            # tide.api.weights.<tenant>: a tenant's weights, only the families and history of its own jobs
             "subscribe": [subjects.EVENTS_ALL, subjects.TELEMETRY_ALL, subjects.API_WEIGHTS,
-                          f"{service_inbox_prefix('metrics')}.>"],
+                          subjects.API_WEIGHTS_TENANTS, f"{service_inbox_prefix('metrics')}.>"],
         },
         # people and scripts: submit, cancel, ask, watch
         "admin": {
@@ -129,13 +130,14 @@ def tenant_inbox_prefix(name: str) -> str:
 
 
 def tenant_permissions(name: str) -> dict[str, list[str]]:
-    """A tenant publishes only its own submit/cancel/status/history/logs subjects (the queue reads the tenant from
-    the subject and answers only for its jobs) and the read-only cluster APIs; it subscribes only to its own inbox
-    (no job events, no JetStream API, no node logs subject: those would show other tenants' jobs)."""
+    """A tenant publishes only its own submit/cancel/status/history/logs/weights subjects (the queue, and for the
+    weights the metrics service, read the tenant from the subject and answer only for its jobs) and the read-only
+    cluster APIs; it subscribes only to its own inbox (no job events, no JetStream API, no node logs subject, not
+    the shared weights subject: those would show other tenants' jobs)."""
     return {
         "publish": [subjects.job_submit_as(name), subjects.job_cancel_as(name), subjects.api_status_as(name),
-                    subjects.api_history_as(name), subjects.api_logs_as(name),
-                    subjects.API_QUEUES, subjects.API_NODES, subjects.API_WEIGHTS],
+                    subjects.api_history_as(name), subjects.api_logs_as(name), subjects.api_weights_as(name),
+                    subjects.API_QUEUES, subjects.API_NODES],
         "subscribe": [f"{tenant_inbox_prefix(name)}.>"],
     }
 
