@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Tracer
 from tide import subjects
 from tide.bus.nats import consume, ensure_streams, publish
+from tide.client import TideClient
 from tide.schemas.events import CancelJob, SettlePod, SubmitJob
 from tide.schemas.job import JobSpec
 from tide.schemas.node import default_h100_node
@@ -142,11 +143,17 @@ async def test_a_job_s_spans_in_queue_placer_and_agent_are_one_trace(nats_url: s
     try:
         await queue.start()
         tasks.append(asyncio.create_task(queue.run(stop)))
-        submitted = {"ta": SUBMITTER_A, "tb": SUBMITTER_B, "tc": None}
+        submitted = {"ta": SUBMITTER_A, "tb": SUBMITTER_B, "tc": None, "td": None}
         for job_id, parent in submitted.items():
+            if job_id == "td":
+                continue
             sub = SubmitJob(job_id=job_id, spec=JobSpec.model_validate(job(job_id, ["true"], gpu=1)))
             headers = {"Nats-Msg-Id": sub.event_id, **({TRACEPARENT: parent} if parent else {})}
             await nc.jetstream().publish(subjects.JOB_SUBMIT, sub.to_bytes(), headers=headers)
+        # a program submitting through TideClient under a span of its own: the job joins that trace
+        with job_span(tracer, "test.program", "td") as program:
+            assert (await TideClient(nc).submit(job("td", ["true"], gpu=1), job_id="td")).accepted
+        submitted["td"] = f"00-{format(program.get_span_context().trace_id, '032x')}-0000000000000001-01"
         await _until(lambda: set(named("queue.submit")) == set(submitted))
         for service in (agent, placer):
             await service.start()
@@ -159,7 +166,7 @@ async def test_a_job_s_spans_in_queue_placer_and_agent_are_one_trace(nats_url: s
             if hasattr(service, "nc"):
                 await service.close()
         await nc.close()
-    assert len(named("agent.start-batch")) == 1, "the three starts went in one StartPods"
+    assert len(named("agent.start-batch")) == 1, "the four starts went in one StartPods"
     traces = set()
     for job_id, parent in submitted.items():
         [intake] = named("queue.submit")[job_id]
@@ -170,7 +177,7 @@ async def test_a_job_s_spans_in_queue_placer_and_agent_are_one_trace(nats_url: s
         traces.add(intake.context.trace_id)
         [start] = named("placer.start")[job_id]
         assert all(s.parent.span_id == start.context.span_id for s in named("agent.start")[job_id])
-    assert len(traces) == 3  # each job a trace of its own (the batch's header names only the first)
+    assert len(traces) == 4  # each job a trace of its own (the batch's header names only the first)
 
 
 async def _until(condition, timeout_s: float = 15.0) -> None:

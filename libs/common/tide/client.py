@@ -26,6 +26,7 @@ from tide.schemas.events import TERMINAL_STATES, CancelJob, JobEvent, JobState, 
 from tide.schemas.feedback import family_of
 from tide.schemas.job import JobSpec
 from tide.settings import Settings
+from tide.tracing import trace_headers
 
 TENANT_NO_WATCH = ("`tide watch` streams every job's events, so it is the admin's; a tenant follows its own jobs "
                    "with `tide status`, `tide describe JOB` and `tide wait`/`--wait`")
@@ -200,7 +201,8 @@ class TideClient:
 
         sub = await self.nc.subscribe(subjects.job_events(job_id), cb=on_event)
         try:
-            await self.js.publish(subjects.JOB_SUBMIT, data, headers={"Tide-Job-Id": job_id})
+            # a program submitting under a span of its own: the job joins its trace (docs/observability.md)
+            await self.js.publish(subjects.JOB_SUBMIT, data, headers=trace_headers({"Tide-Job-Id": job_id}))
             event = await asyncio.wait_for(verdict, timeout=timeout_s)
         finally:
             await sub.unsubscribe()
@@ -211,7 +213,7 @@ class TideClient:
 
     async def _submit_polled(self, data: bytes, job_id: str, timeout_s: float) -> SubmitResult:
         """A tenant's submission: publish on its subject, then ask for the job until the queue has a verdict."""
-        await self.js.publish(self.submit_subject, data, headers={"Tide-Job-Id": job_id})
+        await self.js.publish(self.submit_subject, data, headers=trace_headers({"Tide-Job-Id": job_id}))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             known = await self._known(job_id)
