@@ -192,6 +192,23 @@ async def test_extend_keeps_a_held_reservation_and_never_revives_a_lapsed_one(re
     assert await store.expire() == ["y:1"]
 
 
+async def test_revive_takes_over_a_lapsed_reservation_until_a_sweep_released_it(redis: Redis) -> None:
+    """A new leader inherits a reservation that lapsed while no placer led: its claims are still held, so it
+    gets a fresh TTL (and can be committed); one a sweep released stays gone."""
+    store = ClaimStore(redis)
+    await store.set_capacity(small_node("n1", gpus=1))
+    assert (await store.reserve([claim("x", "x-0", ("n1", "g0.milli", 1000))], "x:1", 100))[0]
+    await asyncio.sleep(0.3)
+    assert not await store.extend("x:1", 30_000)  # past its TTL: a plain extend refuses
+    assert await store.revive("x:1", 30_000)
+    assert await store.expire() == []
+    assert await store.commit("x:1")
+    assert (await store.reserve([claim("y", "y-0", ("n1", "cpu", 100))], "y:1", 100))[0]
+    await asyncio.sleep(0.3)
+    assert await store.expire() == ["y:1"]
+    assert not await store.revive("y:1", 30_000)
+
+
 async def test_commit_does_not_bring_back_the_claim_of_a_pod_that_ended_before_it(redis: Redis) -> None:
     """A short pod can exit (and release its claim) while its gang's start is being settled, before the commit."""
     store = ClaimStore(redis)

@@ -162,6 +162,7 @@ class PlacerService:
         self._not_leading.set()
         self._settle_asked: dict[str, float] = {}  # left reservations whose agents were asked, and when
         self._own_resv: set[str] = set()  # reservations this placer is starting (others': adopt or let lapse)
+        self._inherited = False  # the reservations left by the previous leader have been given a fresh TTL
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
         self.metrics = PlacerMetrics(lambda: self.last_seen)  # tide_placer_* on TIDE_PLACER_METRICS_PORT
@@ -233,6 +234,7 @@ class PlacerService:
                 log.warning("node_leases_not_loaded", error=repr(exc))
         elif change == "lost":
             log.warning("placer_leader_lost", token=self.lease.state.token, reason=why)
+            self._inherited = False  # leading again, it inherits what the leader meanwhile left
             self._leading.clear()
             self._not_leading.set()
 
@@ -305,6 +307,8 @@ class PlacerService:
             await self._place_pending()
 
     async def _reconcile(self) -> None:
+        if not self._inherited:
+            await self._inherit_reservations()
         for resv in await self.claims.expire():
             job_id, attempt = keys.parse_reservation_id(resv)
             record = await self.jobs.get(job_id)
@@ -313,6 +317,18 @@ class PlacerService:
         await self._adopt_reservations()
         await self._detect_lost_nodes()
         await self._fence_reported()
+
+    async def _inherit_reservations(self) -> None:
+        """A new leader's first reconcile gives every reservation it did not make a fresh TTL, also one that
+        lapsed while no placer led (a leader killed between its gang's starts and the commit: the next one takes
+        the lease only after the old lease's TTL, by when the reservation's may be gone too). Its pods may have
+        started, even ended: the agents are asked (``_adopt_reservations``) before a lapse can roll it back, so a
+        started gang is adopted, never run again."""
+        ttl_ms = int(self.settings.reservation_ttl_s * 1000)
+        for resv in await self.claims.reservations():
+            if resv not in self._own_resv and await self.claims.revive(resv, ttl_ms):
+                log.info("reservation_inherited", reservation=resv, job_id=keys.parse_reservation_id(resv)[0])
+        self._inherited = True
 
     async def _adopt_reservations(self) -> None:
         """Reservations this placer is not starting (a previous leader's, killed or deposed between reserve and

@@ -191,6 +191,18 @@ class ClaimStore:
         code, _ = await self._run(self._extend, "extend", call_keys)
         return code == 1
 
+    async def revive(self, reservation: str, ttl_ms: int) -> bool:
+        """``extend`` for a reservation a new leader inherits, also one past its TTL that no sweep has released
+        yet (no placer led since: its claims are still held), so the leader asks its agents whether the pods
+        started before anything rolls it back; False when it is gone."""
+        request = {"resv": reservation, "ttl_ms": int(ttl_ms), "revive": True}
+
+        async def call_keys() -> tuple[list[str], dict[str, Any]]:
+            return [], request
+
+        code, _ = await self._run(self._extend, "extend", call_keys)
+        return code == 1
+
     async def release(self, claim_keys: list[str], reservation: str = "") -> int:
         """Release claims (a missing one is skipped) and, with ``reservation``, that reservation; returns how
         many claims were released."""

@@ -1,0 +1,96 @@
+"""A placer killed between its gang's starts and the commit: the next leader takes the lease only after the old
+lease's TTL, by when the gang's reservation may have lapsed too. The new leader asks the agents before any rollback
+and adopts the gang that started (here: that already ran to its end), so no pod runs twice. Queue, two placers and
+an agent in one process on real NATS and Redis (the CI at e854697 saw six gang pods completed twice after a
+``kill -9`` of the placer in the HA chaos test)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from redis.asyncio import Redis
+from tide.client import TideClient
+from tide.schemas.node import default_h100_node
+from tide.settings import Settings
+from tide.store.jobs import JobStore
+from tide_node_agent.gpu.simulated import SimulatedBackend
+from tide_node_agent.service import NodeAgent
+from tide_placer.service import PlacerService
+from tide_queue.service import QueueService
+
+from tests.helpers import job
+
+LEASE_TTL_S = 1.5  # the placer leader lease outlives the gang reservation, as with the defaults (5 s and 4 s)
+RESERVATION_TTL_S = 0.5
+
+
+async def test_a_new_leader_adopts_a_started_gang_whose_reservation_lapsed_while_none_led(
+        nats_url: str, redis_url: str, tmp_path: Path) -> None:
+    marker = tmp_path / "runs"
+    settings = Settings(nats_url=nats_url, redis_url=redis_url, node_id="rn0", work_dir=tmp_path / "agent",
+                        heartbeat_s=0.2, telemetry_s=0.4, placer_tick_s=0.1, placer_metrics_port=0,
+                        placer_lease_ttl_s=LEASE_TTL_S, placer_lease_renew_s=0.5,
+                        reservation_ttl_s=RESERVATION_TTL_S)
+    stop, old_stop = asyncio.Event(), asyncio.Event()
+    queue, old, new = QueueService(settings), PlacerService(settings), PlacerService(settings)
+    agent = NodeAgent(settings, SimulatedBackend(default_h100_node("rn0"), seed=1))
+    tasks: list[asyncio.Task[None]] = []
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        for service in (queue, agent):
+            await service.start()
+            tasks.append(asyncio.create_task(service.run(stop)))
+        await old.start()
+        committing = asyncio.Event()
+
+        async def killed_before_the_commit(resv: str) -> bool:
+            committing.set()  # every start was acknowledged: the old leader dies here
+            await asyncio.Event().wait()
+            return False
+
+        old.claims.commit = killed_before_the_commit  # type: ignore[method-assign]
+        old_task = asyncio.create_task(old.run(old_stop))
+        client = TideClient(await _connect(nats_url))
+        spec = job("g", ["sh", "-c", f"echo ran >> {marker}"], replicas=2, gpu=1)
+        assert (await client.submit(spec, job_id="g")).accepted
+        await asyncio.wait_for(committing.wait(), 15)
+        killed_at = time.monotonic()
+        for task in (old_task, *old._starting):  # kill -9: no lease release, no rollback, no commit
+            task.cancel()
+        await asyncio.gather(old_task, *old._starting, return_exceptions=True)
+        await old.nc.close()
+        await old.redis.aclose()
+        await _until(lambda: marker.exists() and len(marker.read_text().splitlines()) == 2)  # both pods ran, ended
+
+        await new.start()
+        tasks.append(asyncio.create_task(new.run(stop)))
+        final = await client.wait("g", timeout_s=20)
+        assert time.monotonic() - killed_at > RESERVATION_TTL_S  # the reservation's TTL passed with no leader
+        record = await JobStore(redis).get("g")
+        assert final["state"] == "succeeded", final
+        assert record is not None and record.attempts == 1 and record.reservation is None
+        assert marker.read_text().splitlines() == ["ran", "ran"], "a pod of the gang ran again"
+        assert not await new.claims.reservations()
+        await client.nc.close()
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for service in (new, agent, queue):
+            if hasattr(service, "nc"):
+                await service.close()
+        await redis.aclose()
+
+
+async def _connect(url: str):  # noqa: ANN202 - a nats client
+    import nats
+
+    return await nats.connect(url)
+
+
+async def _until(condition, timeout_s: float = 15.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
