@@ -53,6 +53,7 @@ TARGETS: list[tuple[str, str, bool]] = [
     ("admin", subjects.API_QUEUES_APPLY, True),
     ("admin", subjects.API_NODES, True),
     ("admin", subjects.API_WEIGHTS, True),
+    ("fuzzer", subjects.api_weights_as("fuzzer"), True),
     ("admin", subjects.node_logs("n0"), True),
     ("placer", subjects.node_cmd("n0"), True),
 ]
