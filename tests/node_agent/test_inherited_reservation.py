@@ -7,6 +7,7 @@ an agent in one process on real NATS and Redis (the CI at e854697 saw six gang p
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -33,54 +34,80 @@ async def test_a_new_leader_adopts_a_started_gang_whose_reservation_lapsed_while
                         heartbeat_s=0.2, telemetry_s=0.4, placer_tick_s=0.1, placer_metrics_port=0,
                         placer_lease_ttl_s=LEASE_TTL_S, placer_lease_renew_s=0.5,
                         reservation_ttl_s=RESERVATION_TTL_S)
-    stop, old_stop = asyncio.Event(), asyncio.Event()
-    queue, old, new = QueueService(settings), PlacerService(settings), PlacerService(settings)
+    stop = asyncio.Event()
+    queue, new = QueueService(settings), PlacerService(settings)
     agent = NodeAgent(settings, SimulatedBackend(default_h100_node("rn0"), seed=1))
     tasks: list[asyncio.Task[None]] = []
     redis = Redis.from_url(redis_url, decode_responses=True)
+    # the old leader runs on an event loop of its own, in a thread: stopping that loop freezes it for good
+    # between two steps, as kill -9 does (nothing of it runs again: no rollback, no renewal, no commit)
+    old_loop = asyncio.new_event_loop()
+    old_thread = threading.Thread(target=old_loop.run_forever, daemon=True)
+    old_thread.start()
+    old = PlacerService(settings)
+    committing = threading.Event()
+
+    async def killed_before_the_commit(resv: str) -> bool:
+        committing.set()  # every start was acknowledged: the old leader dies here
+        await asyncio.Event().wait()
+        return False
+
+    async def run_old() -> None:
+        await old.start()
+        old.claims.commit = killed_before_the_commit  # type: ignore[method-assign]
+        old_loop.create_task(old.run(asyncio.Event()))
+
+    client: TideClient | None = None
     try:
         for service in (queue, agent):
             await service.start()
             tasks.append(asyncio.create_task(service.run(stop)))
-        await old.start()
-        committing = asyncio.Event()
-
-        async def killed_before_the_commit(resv: str) -> bool:
-            committing.set()  # every start was acknowledged: the old leader dies here
-            await asyncio.Event().wait()
-            return False
-
-        old.claims.commit = killed_before_the_commit  # type: ignore[method-assign]
-        old_task = asyncio.create_task(old.run(old_stop))
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run_old(), old_loop))
         client = TideClient(await _connect(nats_url))
         spec = job("g", ["sh", "-c", f"echo ran >> {marker}"], replicas=2, gpu=1)
         assert (await client.submit(spec, job_id="g")).accepted
-        await asyncio.wait_for(committing.wait(), 15)
+        assert await asyncio.to_thread(committing.wait, 30), "the old leader never got to the commit"
+        old_loop.call_soon_threadsafe(old_loop.stop)
+        await asyncio.to_thread(old_thread.join, 10)
         killed_at = time.monotonic()
-        for task in (old_task, *old._starting):  # kill -9: no lease release, no rollback, no commit
-            task.cancel()
-        await asyncio.gather(old_task, *old._starting, return_exceptions=True)
-        await old.nc.close()
-        await old.redis.aclose()
         await _until(lambda: marker.exists() and len(marker.read_text().splitlines()) == 2)  # both pods ran, ended
+        await asyncio.sleep(RESERVATION_TTL_S)  # the reservation's TTL passes with no leader
 
         await new.start()
         tasks.append(asyncio.create_task(new.run(stop)))
-        final = await client.wait("g", timeout_s=20)
-        assert time.monotonic() - killed_at > RESERVATION_TTL_S  # the reservation's TTL passed with no leader
+        final = await client.wait("g", timeout_s=30)
+        assert time.monotonic() - killed_at > RESERVATION_TTL_S
         record = await JobStore(redis).get("g")
         assert final["state"] == "succeeded", final
         assert record is not None and record.attempts == 1 and record.reservation is None
         assert marker.read_text().splitlines() == ["ran", "ran"], "a pod of the gang ran again"
         assert not await new.claims.reservations()
-        await client.nc.close()
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         for service in (new, agent, queue):
             if hasattr(service, "nc"):
                 await service.close()
+        if client is not None:
+            await client.nc.close()
         await redis.aclose()
+        await asyncio.to_thread(_bury, old_loop, old)
+
+
+def _bury(loop: asyncio.AbstractEventLoop, placer: PlacerService) -> None:
+    """After the checks: cancel what the frozen leader left (its lease is gone: it can write nothing), close its
+    connections and its loop."""
+    if loop.is_running():
+        loop.call_soon_threadsafe(loop.stop)
+        time.sleep(0.2)
+    left = asyncio.all_tasks(loop)
+    for task in left:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+    if hasattr(placer, "nc"):
+        loop.run_until_complete(placer.nc.close())
+        loop.run_until_complete(placer.redis.aclose())
+    loop.close()
 
 
 async def _connect(url: str):  # noqa: ANN202 - a nats client

@@ -344,21 +344,27 @@ class PlacerService:
             record = await self.jobs.get(job_id)
             if record is None:
                 continue
-            if not adoptable(record, resv, attempt) and not await self._agents_started(record, resv, attempt):
-                continue
+            settled: list[tuple[PodRecord, CommandAck]] = []
+            if not adoptable(record, resv, attempt):
+                settled = await self._agents_started(record, resv, attempt)
+                if not settled:
+                    continue
             if not await self.claims.commit(resv):
                 continue  # lapsed meanwhile: the next reconcile rolls it back
             await self._update(job_id, functools.partial(commit, resv=resv))
             log.info("reservation_adopted", job_id=job_id, reservation=resv)
+            await self._apply_settled(job_id, attempt, settled)
 
-    async def _agents_started(self, record: JobRecord, resv: str, attempt: int) -> bool:
+    async def _agents_started(self, record: JobRecord, resv: str, attempt: int
+                              ) -> list[tuple[PodRecord, CommandAck]]:
         """Ask the agents (once per ``SETTLE_ASK_S``) whether every pod of a left reservation started: the
         placer that sent the starts may have died before their acknowledgements, and the pod-started reports
-        may not be handled yet."""
+        may not be handled yet. Each pod with its agent's answer when every one started (runs or ended), else
+        nothing."""
         pods = [p for p in record.pods if p.node and pod_token(record, p) == attempt]
         if (record.reservation != resv or record.cancel_requested or record.state in TERMINAL_STATES or not pods
                 or time.monotonic() - self._settle_asked.get(resv, -SETTLE_ASK_S) < SETTLE_ASK_S):
-            return False
+            return []
         self._settle_asked[resv] = time.monotonic()
         answers = await asyncio.gather(*[
             self._request(p.node or "", SettlePod(job_id=record.job_id, pod=agent_pod_id(p.name, attempt)),
@@ -367,7 +373,19 @@ class PlacerService:
         fates = [ack.fate if ack else None for ack in answers]
         log.info("reservation_settled", job_id=record.job_id, reservation=resv,
                  fates=[f.value if f else "unanswered" for f in fates])
-        return all(f in (PodFate.RUNNING, PodFate.EXITED) for f in fates)
+        if not all(f in (PodFate.RUNNING, PodFate.EXITED) for f in fates):
+            return []
+        return [(p, ack) for p, ack in zip(pods, answers, strict=True) if ack is not None]
+
+    async def _apply_settled(self, job_id: str, attempt: int, settled: list[tuple[PodRecord, CommandAck]]) -> None:
+        """An adopted gang's pods started, and those that ended exited, as their agents answered: the job runs
+        (or ends) now rather than when the pods' own reports come (a dead leader may have pulled them: they
+        come back only after the consumer's ack wait). The reports change nothing when they come."""
+        for pod, ack in settled:
+            await self._pod_started(PodStarted(node_id=pod.node or "", job_id=job_id,
+                                               pod=agent_pod_id(pod.name, attempt), pid=0))
+            if ack.fate == PodFate.EXITED and ack.exited is not None:
+                await self._pod_exited(ack.exited)
 
     async def queue_config(self) -> tuple[QueueTree, list[TideRule]]:
         raw = await self.redis.get(keys.QUEUE_CONFIG)
