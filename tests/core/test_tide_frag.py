@@ -137,3 +137,29 @@ def test_cached_and_uncached_agree_with_the_dynamic_model_pressure():
             assert a.score == pytest.approx(b.score)
             c1.allocate(a)
             c2.allocate(b)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_fgd_term_keeps_its_scale_as_cpu_only_pods_grow(monkeypatch, cache):
+    """Issue 17: CPU-only typical pods see every idle GPU as fragmented, so in FGD's average they add the
+    same amount to every candidate and shrink what tells the nodes apart by their weight. A 1-GPU pod
+    can go to node a (2 GPUs free: it leaves 1, too few for the 2-GPU pods) or b (3 free: it leaves 2).
+    With CPU-only pods at 13% of the typical pods FGD's difference (87 milli-GPU) survives the 100-milli
+    rounding; at 60% it is 40 milli, rounded away, and node order picks a. Measured against the GPU
+    typical pods only (renormalised, ``fgd_gpu_only``) it is 100 milli whatever the CPU-only share."""
+    def run(cpu_only: int, **kw) -> str:
+        reqs = ([PodRequest(cpu_milli=4000, gpu_count=1)] * 36 + [PodRequest(cpu_milli=4000, gpu_count=2)] * 4
+                + [PodRequest(cpu_milli=4000)] * cpu_only)
+        typical = TypicalPods.from_requests(reqs, coverage=1.0)
+        monkeypatch.setitem(placer_module.PLUGINS, "tide_frag", lambda: TideFragScore(**kw))
+        c = Cluster.from_descriptions([gpu_node(n, "T4", 4, cpu=96000, mem=393216) for n in ("a", "b")])
+        c.allocate(Allocation("a", cpu_milli=8000, gpu_indices=(0, 1), gpu_milli=(1000,) * 2, gpu_mem_mib=(1,) * 2))
+        c.allocate(Allocation("b", cpu_milli=4000, gpu_indices=(0,), gpu_milli=(1000,), gpu_mem_mib=(1,)))
+        res = Placer("tide", workload=typical, cache=cache).place(c, PodRequest(cpu_milli=4000, gpu_count=1))
+        assert isinstance(res, Allocation), res
+        return res.node_id
+
+    assert run(6, fgd_gpu_only=False) == "b"
+    assert run(60, fgd_gpu_only=False) == "a"  # the old score: FGD's signal rounded away
+    assert run(6) == "b"
+    assert run(60) == "b"

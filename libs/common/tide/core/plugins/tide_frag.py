@@ -15,7 +15,16 @@ milli-GPU) so that near-ties fall to node order (first-fit packing):
   it packs them into 1,875 GPUs where online best fit needs 1,896 (offline first-fit decreasing:
   1,878). It knows nothing of GPU models (the model term below handles them);
 - the fragmentation increase is used at full resolution (the reference FGD truncates a sigmoid of
-  it to an integer 0..100, so placements whose deltas differ by tens of milli-GPU tie);
+  it to an integer 0..100, so placements whose deltas differ by tens of milli-GPU tie), and measured
+  against the GPU typical pods only, their weights renormalised to 1 (``fgd_gpu_only``, issue 17).
+  FGD averages over all typical pods, and a CPU-only typical pod sees every idle GPU as fragmented
+  whatever the placement: it adds the same ``-w_cpu x milli-GPU placed`` to every candidate and
+  shrinks what tells the nodes apart by ``1 - w_cpu``, while the other terms and the rounding are in
+  absolute milli-GPU. The weights were chosen with CPU-only pods at 13% of the typical weight
+  (default); at 40% (a cpu400 variant) FGD's term had lost a third of its say against the stranded
+  term and the 100-milli rounding, and tide fell below FGD itself on 3 of 10 seeds. Renormalised, the
+  term keeps its scale whatever the CPU-only share (generated variants cpu300/400/500-gen2, seeds
+  100-109: tide - FGD min -0.56 -> +0.20; see docs/benchmarks.md);
 - stranded GPU: the idle milli-GPU of a node that its free CPU cannot feed at the CPU per milli-GPU
   of the typical GPU pod, ``max(0, idle - cpu_free / cpu_per_milli)``. On the openb traces CPU runs
   out before GPU (the arrived pods ask for ~80% of the CPU when they ask for 100% of the GPUs, a
@@ -66,7 +75,9 @@ class TideFragScore:
         open_penalty: float = 0.0, strand_weight: float = 2.0, strand_scale: float = 1.0,
         model_weight: float = 2.0, pack_weight: float = 100.0, pack_coverage: float = 0.9,
         model_kind: str = "whole", model_dynamic: bool = True, model_step: float = 0.05,
+        fgd_gpu_only: bool = True,
     ):
+        self.fgd_gpu_only = fgd_gpu_only
         self.model_dynamic = model_dynamic
         self.model_step = model_step
         self._key_frag: FragModel | None = None
@@ -90,7 +101,8 @@ class TideFragScore:
         if self.fgd_weight and self.capacity_weight:
             ctx.frag_deltas()  # both in one pass
         if self.fgd_weight:
-            out -= self.fgd_weight * ctx.frag_delta() / 10.0
+            delta = gpu_frag_delta(ctx) if self.fgd_gpu_only else ctx.frag_delta()
+            out -= self.fgd_weight * delta / 10.0
         if self.capacity_weight:
             out -= self.capacity_weight * ctx.frag_delta(capacity=True) / 10.0
         if self.strand_weight and ctx.frag is not None and ctx.frag.cpu_per_milli > 0:
@@ -226,6 +238,26 @@ def share_waste_delta(ctx: Context, table: np.ndarray) -> np.ndarray:
     rows = np.arange(len(cand))
     delta: np.ndarray = table[cand.free_after[rows, cand.gpu]] - table[ctx.free_before[rows, cand.gpu]]
     return delta
+
+
+def gpu_frag_delta(ctx: Context) -> np.ndarray:
+    """FGD's fragmentation increase measured against the GPU typical pods only, renormalised to weight
+    1: the CPU-only typical pods' part, their weight times the change of the node's idle milli-GPU (they
+    see all of it as fragmented), is taken out and the rest divided by the GPU pods' weight. So the
+    term's scale does not shrink as CPU-only pods grow (see the module docstring)."""
+    delta = ctx.frag_delta()
+    frag = ctx.frag
+    if frag is None:
+        return delta
+    w_gpu = float(frag.weight[frag.is_gpu].sum())
+    if w_gpu <= 0.0:
+        return np.zeros(len(delta))
+    w_cpu = float(frag.weight[~frag.is_gpu].sum())
+    if w_cpu == 0.0:
+        return delta
+    idle_change = ctx.cand.free_after.sum(axis=1) - ctx.free_before.sum(axis=1)
+    out: np.ndarray = (delta - w_cpu * idle_change) / w_gpu
+    return out
 
 
 def stranded_delta(ctx: Context, cpu_per_milli: float) -> np.ndarray:
