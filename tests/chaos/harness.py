@@ -19,7 +19,8 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +121,17 @@ class Record:
     last: float
     how: str  # "e" completed, "x" stopped by SIGTERM, "k" killed (no end line)
     file: str = ""
+    reaped: float | None = None  # killed: when its node agent logged the pod's exit (its process group reaped)
 
     @property
     def end(self) -> float:
-        """When it was gone at the latest: its end line, else one tick (and scheduling slack) past its last stamp."""
-        return self.last if self.how in ("e", "x") else self.last + 2 * TICK
+        """When it was gone at the latest: its end line, else one tick (and scheduling slack) past its last stamp,
+        or when its agent reaped it if that came first (a SIGKILL reaches the whole process group at once, and the
+        agent logs the exit once the group's leader is reaped: the witness wrote nothing after)."""
+        if self.how in ("e", "x"):
+            return self.last
+        slack = self.last + 2 * TICK
+        return min(slack, self.reaped) if self.reaped is not None and self.reaped >= self.last else slack
 
     @property
     def completed(self) -> bool:
@@ -260,6 +267,30 @@ def spawned_pods(logs: Path) -> set[tuple[str, str, int]]:
             if d.get("event") == "pod_started" and attempt.isdigit():
                 out.add((d["job_id"], name, int(attempt)))
     return out
+
+
+def agent_exits(logs: Path) -> dict[tuple[str, str, int, str], float]:
+    """(job, pod, attempt, node) -> when the node agent logged the pod's exit (``pod_exited``, epoch seconds)."""
+    out: dict[tuple[str, str, int, str], float] = {}
+    for f in logs.glob("agent-*.log"):
+        for line in f.read_text(errors="replace").splitlines():
+            if '"pod_exited"' not in line:
+                continue
+            try:
+                d = json.loads(line)
+                at = datetime.fromisoformat(str(d["timestamp"]).replace("Z", "+00:00")).timestamp()
+            except (ValueError, KeyError):
+                continue
+            name, _, attempt = str(d.get("pod", "")).rpartition(".a")
+            if d.get("event") == "pod_exited" and attempt.isdigit():
+                out[(d["job_id"], name, int(attempt), str(d.get("node_id")))] = at
+    return out
+
+
+def with_agent_exits(records: list[Record], exits: dict[tuple[str, str, int, str], float]) -> list[Record]:
+    """Each killed witness with the time its agent reaped it, where the agent logged it."""
+    return [replace(r, reaped=exits.get((r.job, r.pod, r.attempt, str(r.node)))) if r.how == "k" else r
+            for r in records]
 
 
 def partial_gangs(records: list[Record], gang_sizes: dict[str, int],
@@ -419,7 +450,7 @@ async def run_fault(make_stack: Callable[..., Stack], tmp_path: Path, fault: str
     finally:
         await redis.aclose()
         await client.close()
-    records = read_records(witness)
+    records = with_agent_exits(read_records(witness), agent_exits(stack.home / "logs"))
     sizes = {j: replicas_of(s) for j, s in jobs.items()}
     spawned = spawned_pods(stack.home / "logs")
     gangs = partial_gangs(records, sizes, spawned)
