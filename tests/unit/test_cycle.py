@@ -281,3 +281,24 @@ def test_a_job_preempts_only_after_its_class_preemption_delay() -> None:
 def test_a_bad_preemption_delay_is_refused(policy: dict) -> None:
     with pytest.raises(ValueError, match="preemptionDelay"):
         QueueTree.from_config({"priorityClasses": {"best-effort": policy}})
+
+
+def test_a_preemptor_never_frees_room_on_a_node_lent_for_the_tidal_window() -> None:
+    """A borrower on a lent inference node would lose the least work, but the room it frees there goes back with
+    the node at the window's end (the preemptor would be evicted again): the victim is on the training pool's own
+    node. A borrower still runs on a lent node's free room."""
+    nodes = [small_node("t0", gpus=8, pool="training"), small_node("i0", gpus=8, pool="inference")]
+    old = record("old", 8, pool="training", priority="best-effort", state=JobState.RUNNING)
+    young = record("young", 8, pool="training", priority="best-effort", state=JobState.RUNNING)
+    young = young.model_copy(update={"started_at": 9.0})  # 1 s of work to lose, against 10 s
+    running = {"old": (old, [whole("t0", list(range(8)))]), "young": (young, [whole("i0", list(range(8)))])}
+    tides = parse_tides({"tides": [{"lend": "inference", "to": "training", "start": "22:00", "end": "07:00"}]})
+    urgent = record("urgent", 8, pool="training", priority="online-serving", t=5)
+    plan = plan_cycle(state(nodes, running, [urgent], tides=tides, min_runtime_s=0,
+                            wall=datetime.fromisoformat("2026-12-02T23:00")), Placer())
+    assert [(p.job_id, p.by) for p in plan.preemptions] == [("old", "urgent")]
+    idle = {"young": running["young"]}
+    borrower = record("borrower", 8, pool="training", t=6)
+    plan = plan_cycle(state(nodes, idle, [borrower], tides=tides, wall=datetime.fromisoformat("2026-12-02T23:00")),
+                      Placer())
+    assert [b.record.job_id for b in plan.binds] == ["borrower"] and not plan.preemptions
