@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import tide.sim.simulator as sim
+from sim_sweep import TRACE_DIR, seeds_arg  # bench/ is the script's directory
 from tide.core.placer import Placer
 from tide.sim.openb import load_nodes
 from tide.sim.openb_variants import load_trace
 
-TRACE_DIR = Path("/work/shared/traces/openb")
 SEEDED = sim.node_order
 
 
@@ -44,13 +44,6 @@ def order_fn(name: str):
         fixed = int(name.removeprefix("perm"))
         return lambda count, seed: np.random.default_rng(fixed).permutation(count)
     raise SystemExit(f"unknown order {name!r}: seeded, file, filerev, filerotK or permN")
-
-
-def seeds_arg(text: str) -> list[int]:
-    if "-" in text:
-        a, b = text.split("-")
-        return list(range(int(a), int(b) + 1))
-    return [int(s) for s in text.split(",")]
 
 
 def main() -> int:

@@ -15,13 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+from tide.cli.sim import trace_dirs
 from tide.sim.openb import load_nodes
 from tide.sim.openb_variants import load_trace
 from tide.sim.simulator import simulate
 
 TRACES = ["default", "gpushare40", "gpushare60", "multigpu20", "multigpu30", "multigpu40", "gpuspec10",
           "gpuspec20", "gpuspec25", "cpu050", "cpu100", "cpu200"]
-TRACE_DIR = Path("/work/shared/traces/openb")
+TRACE_DIR = next((d for d in trace_dirs() if d.is_dir()), trace_dirs()[-1])  # $TIDE_TRACES_DIR or beside the project
 
 
 def seeds_arg(text: str) -> list[int]:

@@ -18,7 +18,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -251,39 +251,36 @@ def gpus_held_twice(records: list[Record]) -> list[str]:
     return bad
 
 
-def spawned_pods(logs: Path) -> set[tuple[str, str, int]]:
-    """(job, pod, attempt) of every pod process a node agent started, from its log (``pod_started``): a pod
-    killed by a fault between its spawn and its witness's first line still counts as started."""
-    out = set()
+def agent_pod_events(logs: Path, event: str) -> Iterator[tuple[dict[str, Any], str, int]]:
+    """Every ``event`` line of the node agents' logs, with its pod's name and attempt (from ``<pod>.a<attempt>``)."""
     for f in logs.glob("agent-*.log"):
         for line in f.read_text(errors="replace").splitlines():
-            if '"pod_started"' not in line:
+            if f'"{event}"' not in line:
                 continue
             try:
                 d = json.loads(line)
             except ValueError:
                 continue
             name, _, attempt = str(d.get("pod", "")).rpartition(".a")
-            if d.get("event") == "pod_started" and attempt.isdigit():
-                out.add((d["job_id"], name, int(attempt)))
-    return out
+            if d.get("event") == event and attempt.isdigit():
+                yield d, name, int(attempt)
+
+
+def spawned_pods(logs: Path) -> set[tuple[str, str, int]]:
+    """(job, pod, attempt) of every pod process a node agent started, from its log (``pod_started``): a pod
+    killed by a fault between its spawn and its witness's first line still counts as started."""
+    return {(d["job_id"], name, attempt) for d, name, attempt in agent_pod_events(logs, "pod_started")}
 
 
 def agent_exits(logs: Path) -> dict[tuple[str, str, int, str], float]:
     """(job, pod, attempt, node) -> when the node agent logged the pod's exit (``pod_exited``, epoch seconds)."""
     out: dict[tuple[str, str, int, str], float] = {}
-    for f in logs.glob("agent-*.log"):
-        for line in f.read_text(errors="replace").splitlines():
-            if '"pod_exited"' not in line:
-                continue
-            try:
-                d = json.loads(line)
-                at = datetime.fromisoformat(str(d["timestamp"]).replace("Z", "+00:00")).timestamp()
-            except (ValueError, KeyError):
-                continue
-            name, _, attempt = str(d.get("pod", "")).rpartition(".a")
-            if d.get("event") == "pod_exited" and attempt.isdigit():
-                out[(d["job_id"], name, int(attempt), str(d.get("node_id")))] = at
+    for d, name, attempt in agent_pod_events(logs, "pod_exited"):
+        try:
+            at = datetime.fromisoformat(str(d["timestamp"]).replace("Z", "+00:00")).timestamp()
+        except (ValueError, KeyError):
+            continue
+        out[(d["job_id"], name, attempt, str(d.get("node_id")))] = at
     return out
 
 
