@@ -6,7 +6,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import nats.errors
@@ -53,6 +53,47 @@ HISTORY_MAX_BYTES = 512 * 1024  # and this many bytes of them (the reply stays u
 LOGS_TIMEOUT_S = 3.0  # a forwarded logs request waits this long for the node (the client may ask for up to 10 s)
 _JOB_ID = re.compile(JOB_ID_PATTERN)
 _NODE_ID = re.compile(NODE_ID_PATTERN)
+KICK_WINDOW_S = 0.02
+"""the placer is kicked at once, then at most once per this window for what came during it (a burst: 2 kicks)"""
+
+
+class Kicker:
+    """Kicks of the placer (core NATS, ``subjects.PLACER_KICK``), coalesced: a kick when none went out in the last
+    ``window_s`` goes at once; those asked for within the window become one kick at its end. A lone job is placed
+    as soon as before, a burst of submissions costs two kicks instead of one each. A kick is only a hint (the
+    placer also plans every ``placer_tick_s``): one lost with a crashing queue delays placement by a tick at most."""
+
+    def __init__(self, send: Callable[[], Awaitable[None]], window_s: float = KICK_WINDOW_S) -> None:
+        self.send = send
+        self.window_s = window_s
+        self.sent = 0
+        self._wanted = False
+        self._task: asyncio.Task[None] | None = None
+
+    def kick(self) -> None:
+        if self._task is not None:
+            self._wanted = True  # the running window sends it at its end
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                self._wanted = False
+                try:
+                    await self.send()
+                    self.sent += 1
+                except Exception as exc:  # noqa: BLE001 - NATS away: the placer's tick plans anyway
+                    log.warning("placer_kick_failed", error=repr(exc))
+                await asyncio.sleep(self.window_s)
+                if not self._wanted:
+                    return
+        finally:
+            self._task = None
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 class QueueService:
@@ -61,6 +102,10 @@ class QueueService:
         self._tenants: dict[str, Tenant] = {}
         self._tenants_mtime: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.kicker = Kicker(self._send_kick)
+
+    async def _send_kick(self) -> None:
+        await self.nc.publish(subjects.PLACER_KICK, b"kick")
 
     def tenants(self) -> dict[str, Tenant]:
         """The tenants' policies, re-read whenever ``tide user add`` rewrote the file."""
@@ -96,6 +141,7 @@ class QueueService:
         await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop, order_key=intake_order_key)
 
     async def close(self) -> None:
+        await self.kicker.close()
         for task in list(self._tasks):
             task.cancel()
         await close_nats(self.nc)
@@ -201,7 +247,7 @@ class QueueService:
         else:
             log.info("job_queued", job_id=job_id, queue=sub.spec.metadata.queue, pods=gang, tenant=owner)
         await publish_job_event(self.js, record, "queued", reason="")
-        await self.nc.publish(subjects.PLACER_KICK, b"queued")
+        self.kicker.kick()
 
     async def _on_cancel(self, msg: Msg, owner: str | None = None) -> None:
         try:
@@ -225,7 +271,7 @@ class QueueService:
             await publish_job_event(self.js, record, "cancelled")
         else:
             await self.jobs.request_stop(cancel.job_id)
-            await self.nc.publish(subjects.PLACER_KICK, b"cancel")
+            self.kicker.kick()
 
     # ------------------------------------------------------------ APIs
     async def _api_status(self, msg: Msg) -> None:
@@ -379,7 +425,7 @@ class QueueService:
         parse_tides(config)  # type: ignore[arg-type]
         await self.redis.set(keys.QUEUE_CONFIG, json.dumps(config))
         log.info("queue_config_applied", queues=sorted(q for q in tree.queues if q))
-        await self.nc.publish(subjects.PLACER_KICK, b"queues")
+        self.kicker.kick()
         return tree
 
     async def _api_queues_apply(self, msg: Msg) -> None:

@@ -1,0 +1,68 @@
+"""The queue kicks the placer once for a lone job (placed at once, not at the placer's next tick) and a few times
+for a burst of submissions (coalesced: ``tide_queue.service.Kicker``), and every job of the burst is placed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+from tide import subjects
+from tide.client import TideClient
+from tide.schemas.events import JobEvent
+from tide.stack.launcher import service_user
+
+from tests.helpers import job
+
+LONG_TICK = {"placer": {"TIDE_PLACER_TICK_S": "60"}}  # only kicks make the placer plan
+
+
+async def test_a_lone_job_is_placed_at_once_and_a_burst_costs_few_kicks(make_stack) -> None:
+    stack = make_stack(env=LONG_TICK)
+    info = stack.info
+    assert info is not None
+    user = service_user("placer")
+    spy = await nats.connect(info.nats_url, user=user, password=info.passwords[user], inbox_prefix="_INBOX_placer")
+    client = await TideClient.connect(info.settings_for("admin"))
+    kicks: list[float] = []
+    placed: dict[str, float] = {}
+
+    async def on_kick(msg) -> None:
+        kicks.append(time.monotonic())
+
+    async def on_placed(msg) -> None:
+        placed.setdefault(JobEvent.model_validate_json(msg.data).job_id, time.monotonic())
+
+    try:
+        await spy.subscribe(subjects.PLACER_KICK, cb=on_kick)
+        await client.nc.subscribe("tide.events.job.*.placed", cb=on_placed)
+        await spy.flush()
+        await client.nc.flush()
+        await asyncio.sleep(1.0)  # the registrations' cycles are over
+        before = len(kicks)
+        submitted = time.monotonic()
+        assert (await client.submit(job("lone", ["sleep", "30"], gpu=1), job_id="lone-0")).accepted
+        for _ in range(100):
+            if "lone-0" in placed:
+                break
+            await asyncio.sleep(0.05)
+        assert "lone-0" in placed, "a lone job waits for the placer's tick: it was not kicked"
+        assert placed["lone-0"] - submitted < 3.0
+        assert len(kicks) - before == 1
+
+        await asyncio.sleep(0.2)
+        before = len(kicks)
+        burst = [f"burst-{i}" for i in range(12)]
+        results = await asyncio.gather(*[client.submit(job("burst", ["sleep", "30"], gpu=1), job_id=j)
+                                         for j in burst])
+        assert all(r.accepted for r in results)
+        for _ in range(200):
+            if all(j in placed for j in burst):
+                break
+            await asyncio.sleep(0.05)
+        assert all(j in placed for j in burst), sorted(set(burst) - set(placed))  # the trailing kick placed the last
+        burst_kicks = len(kicks) - before
+        assert 1 <= burst_kicks <= len(burst) // 2, burst_kicks
+    finally:
+        await client.close()
+        await spy.close()
