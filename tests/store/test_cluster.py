@@ -119,6 +119,12 @@ async def scenario(r: Any) -> list[Any]:
     out.append(await store.release([keys.claim("a", "a-0")]))
     out.append([await store.used(n) for n in ("n1", "n2")])
     out.append(await store.reservations())
+    # claim_many.lua and commit_many.lua: several gangs in one call, each all or nothing, in order
+    out.append(await store.reserve_many([([claim("s", "s-0", ("n1", "cpu", 1000))], "s:1"),
+                                         ([claim("t", "t-0", ("n1", "cpu", 10**9))], "t:1"),
+                                         ([claim("u", "u-0", ("n2", "cpu", 1000))], "u:1")], 30_000))
+    out.append(await store.commit_many(["s:1", "t:1", "u:1"]))
+    out.append([await store.used(n) for n in ("n1", "n2")])
     # create_job.lua and cas.lua (with and without dequeue)
     jobs = JobStore(r)
     record = JobRecord(job_id="j1", spec=JobSpec.model_validate(job("j1", ["true"])), submitted_at=0, updated_at=0)

@@ -20,6 +20,7 @@ carry the pod, node and exit code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import time
@@ -107,6 +108,7 @@ from tide.store.lease import LeaderLease, transition
 from tide.store.redis import redis_for
 from tide.tracing import detached_job_span, job_span, stored_parent, trace_headers, traceparent_of
 
+from tide_placer.batch import Batcher
 from tide_placer.metrics import PlacerMetrics
 from tide_placer.view import ClusterView
 
@@ -163,6 +165,8 @@ class PlacerService:
         self._settle_asked: dict[str, float] = {}  # left reservations whose agents were asked, and when
         self._own_resv: set[str] = set()  # reservations this placer is starting (others': adopt or let lapse)
         self._inherited = False  # the reservations left by the previous leader have been given a fresh TTL
+        self._config_cache: tuple[str | None, tuple[QueueTree, list[TideRule]]] | None = None
+        self._weights_cache: dict[str, tuple[str, FamilyWeights]] = {}
         policy = DEFAULT_POLICY if settings.placer_policy == "default" else settings.placer_policy
         self.placer = Placer(policy=policy)
         self.metrics = PlacerMetrics(lambda: self.last_seen)  # tide_placer_* on TIDE_PLACER_METRICS_PORT
@@ -180,6 +184,15 @@ class PlacerService:
         self.jobs = JobStore(self.redis, fence=lambda: self.lease.token)
         self.claims = ClaimStore(self.redis, fence=lambda: self.lease.token)
         self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)
+        # the Redis steps that concurrent gangs and pods reach in the same turn go out as one call each: a
+        # cycle's reservations (one claim script for every gang), its commits, a status batch's exits (their
+        # records in one read, their claims released in one script)
+        ttl_ms = int(self.settings.reservation_ttl_s * 1000)
+        self._reserve_batch: Batcher[tuple[list[PodClaim], str], tuple[bool, str]] = Batcher(
+            lambda gangs: self.claims.reserve_many(gangs, ttl_ms))
+        self._commit_batch: Batcher[str, bool] = Batcher(lambda resvs: self.claims.commit_many(resvs))
+        self._records_batch: Batcher[str, JobRecord | None] = Batcher(lambda ids: self.jobs.get_many(ids))
+        self._release_batch: Batcher[str, None] = Batcher(self._release_claims)
         await self._load_node_leases()
         await self.nc.subscribe(subjects.PLACER_KICK, cb=self._on_kick)
         await self.nc.subscribe(subjects.API_NODES, cb=self._api_nodes)
@@ -302,21 +315,34 @@ class PlacerService:
     # ------------------------------------------------------------ the scheduling cycle
     async def cycle(self) -> None:
         async with self._cycle_lock, self.metrics.timed_cycle():
-            await self._reconcile()
-            await self._process_stop_requests()
+            stop_ids = await self._reconcile()
+            await self._process_stop_requests(stop_ids)
             await self._place_pending()
 
-    async def _reconcile(self) -> None:
+    async def _reconcile(self) -> list[str]:
+        """The reconciler's steps; returns the jobs asked to stop (read in the same round trip as the
+        reservations, which tells whether any lapsed: the expire script runs only then)."""
         if not self._inherited:
             await self._inherit_reservations()
-        for resv in await self.claims.expire():
-            job_id, attempt = keys.parse_reservation_id(resv)
-            record = await self.jobs.get(job_id)
-            if record is not None and record.reservation == resv:
-                await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
-        await self._adopt_reservations()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.zrange(keys.RESERVATIONS, 0, -1, withscores=True)
+            pipe.llen(keys.EXPIRED_RESERVATIONS)
+            pipe.smembers(keys.CANCELLING)
+            (seconds, micros), held_raw, expired_noted, stop_ids = await pipe.execute()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        held = {str(r): float(score) for r, score in held_raw}
+        if int(expired_noted) or any(score <= now_ms for score in held.values()):
+            for resv in await self.claims.expire():
+                job_id, attempt = keys.parse_reservation_id(resv)
+                record = await self.jobs.get(job_id)
+                if record is not None and record.reservation == resv:
+                    await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
+            held = await self.claims.reservations()
+        await self._adopt_reservations(held)
         await self._detect_lost_nodes()
         await self._fence_reported()
+        return sorted(stop_ids)
 
     async def _inherit_reservations(self) -> None:
         """A new leader's first reconcile gives every reservation it did not make a fresh TTL, also one that
@@ -330,12 +356,13 @@ class PlacerService:
                 log.info("reservation_inherited", reservation=resv, job_id=keys.parse_reservation_id(resv)[0])
         self._inherited = True
 
-    async def _adopt_reservations(self) -> None:
+    async def _adopt_reservations(self, held: dict[str, float] | None = None) -> None:
         """Reservations this placer is not starting (a previous leader's, killed or deposed between reserve and
         commit): one whose pods all started, as its job's record says or else as their agents answer, is
         committed now; any other lapses after its TTL and is rolled back by ``_reconcile``, like a
         reservation of a crashed placer (its pods that never started are refused by their agents by then)."""
-        held = await self.claims.reservations()
+        if held is None:
+            held = await self.claims.reservations()
         self._settle_asked = {r: t for r, t in self._settle_asked.items() if r in held}
         for resv in held:
             if resv in self._own_resv:
@@ -388,24 +415,50 @@ class PlacerService:
                 await self._pod_exited(ack.exited)
 
     async def queue_config(self) -> tuple[QueueTree, list[TideRule]]:
-        raw = await self.redis.get(keys.QUEUE_CONFIG)
-        config = json.loads(raw) if raw else None
-        return QueueTree.from_config(config), parse_tides(config)
+        return self._queue_config(await self.redis.get(keys.QUEUE_CONFIG))
+
+    def _queue_config(self, raw: str | None) -> tuple[QueueTree, list[TideRule]]:
+        """The queue tree and tides of the stored config (parsed again only when it changed)."""
+        if self._config_cache is None or self._config_cache[0] != raw:
+            config = json.loads(raw) if raw else None
+            self._config_cache = (raw, (QueueTree.from_config(config), parse_tides(config)))
+        return self._config_cache[1]
 
     async def family_weights(self) -> dict[str, FamilyWeights]:
         """The feedback loop's per-family adjustments (tide:placer:weights), applied to this cycle's decisions."""
+        return self._family_weights(await self.redis.hgetall(keys.WEIGHTS))
+
+    def _family_weights(self, raws: dict[str, str]) -> dict[str, FamilyWeights]:
         out = {}
-        for family, raw in (await self.redis.hgetall(keys.WEIGHTS)).items():
+        for family, raw in raws.items():
+            cached = self._weights_cache.get(family)
+            if cached is not None and cached[0] == raw:
+                out[family] = cached[1]
+                continue
             try:
                 out[family] = FamilyWeights.model_validate_json(raw)
             except ValueError:
                 log.warning("bad_family_weights", family=family)
+                continue
+            self._weights_cache[family] = (raw, out[family])
+        for family in [f for f in self._weights_cache if f not in raws]:
+            del self._weights_cache[family]
         return out
 
     async def _place_pending(self) -> None:
         """Gather the snapshot, let the core plan the cycle, carry out the plan."""
-        tree, tides = await self.queue_config()
-        pending_ids = await self.jobs.pending()
+        # what the cycle plans with, in one round trip: queue config, pending jobs, feedback weights, lost nodes,
+        # and what the cluster view diffs against (the nodes' version, the claims held)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(keys.QUEUE_CONFIG)
+            pipe.zrange(keys.PENDING, 0, 999)
+            pipe.hgetall(keys.WEIGHTS)
+            pipe.smembers(keys.LOST_NODES)
+            pipe.get(keys.NODES_VERSION)
+            pipe.smembers(keys.CLAIMS_INDEX)
+            raw_config, pending_raw, raw_weights, lost, nodes_version, claim_keys = await pipe.execute()
+        tree, tides = self._queue_config(raw_config)
+        pending_ids = list(pending_raw)
         if not pending_ids and not tides and not self._extras_wanted:
             return
         now = time.time()
@@ -417,7 +470,7 @@ class PlacerService:
                 await self.jobs.dequeue(job_id)
                 continue
             pending.append(record)
-        nodes, cluster, running = await self.view.refresh(pending_ids)
+        nodes, cluster, running = await self.view.refresh(pending_ids, (nodes_version, set(claim_keys)))
         self._extras_wanted = any(r.state == JobState.RUNNING and missing_extras(r) for r, _ in running.values())
         if not nodes:
             return
@@ -428,8 +481,8 @@ class PlacerService:
             running=running,
             tree=tree,
             tides=tides,
-            weights=await self.family_weights(),
-            lost=set(await self.redis.smembers(keys.LOST_NODES)),
+            weights=self._family_weights(raw_weights),
+            lost=set(lost),
             now=now,
             wall=wall_clock(self.settings.clock_file),
             min_runtime_s=self.settings.min_runtime_s,
@@ -459,27 +512,31 @@ class PlacerService:
         gate = asyncio.Semaphore(self.settings.placer_bind_concurrency)
 
         async def reserve(b: Bind, grow: bool = False) -> None:
-            async with gate:
-                if b.feedback is not None:
-                    log.info("feedback_applied", job_id=b.record.job_id, family=b.feedback.family,
-                             memory_multiplier=b.feedback.memory_multiplier, affinity=b.feedback.affinity)
-                with stored_parent(b.record.trace_parent), job_span(tracer, "placer.reserve", b.record.job_id,
-                                                                     pods=len(b.placements)):  # the job's trace
-                    reserved = await self._reserve(b.record, b.placements, self.view.by_id, grow)
+            if b.feedback is not None:
+                log.info("feedback_applied", job_id=b.record.job_id, family=b.feedback.family,
+                         memory_multiplier=b.feedback.memory_multiplier, affinity=b.feedback.affinity)
+            with stored_parent(b.record.trace_parent), job_span(tracer, "placer.reserve", b.record.job_id,
+                                                                 pods=len(b.placements)):  # the job's trace
+                reserved = await self._reserve(b.record, b.placements, self.view.by_id, grow, gate)
             self.metrics.reservation(reserved is not None)
             if reserved is not None:
                 gangs.append(reserved)
 
-        # The plan's gangs are independent of each other (each was placed on what the previous left).
-        # The cycle waits for their reservations (so the next cycle sees them in Redis) but not for the
-        # agents' acknowledgements: starting (one request per node for all the cycle's pods there) and
-        # committing go on in the background.
+        # The plan's gangs are independent of each other (each was placed on what the previous left): their
+        # claims go to Redis in one script call (each gang all or nothing, in the plan's order), then each
+        # records its attempt (at most ``placer_bind_concurrency`` at once). The cycle waits for their
+        # reservations (so the next cycle sees them in Redis) but not for the agents' acknowledgements: starting
+        # (one request per node for all the cycle's pods there) and committing go on in the background.
         gangs: list[Reserved] = []
         await asyncio.gather(*[reserve(b) for b in plan.binds], *[reserve(g, True) for g in plan.grows])
         if gangs:
             task = asyncio.get_running_loop().create_task(self._start_cycle(gangs))
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
+
+    async def _release_claims(self, claim_keys: list[str]) -> list[None]:
+        await self.claims.release(sorted(set(claim_keys)))
+        return [None] * len(claim_keys)
 
     async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False
                       ) -> JobRecord | None:
@@ -578,7 +635,8 @@ class PlacerService:
 
     # ------------------------------------------------------------ reserve -> start -> commit
     async def _reserve(self, record: JobRecord, placements: list[PodPlacement],
-                       by_id: dict[str, NodeDescription], grow: bool = False) -> Reserved | None:
+                       by_id: dict[str, NodeDescription], grow: bool = False,
+                       gate: asyncio.Semaphore | None = None) -> Reserved | None:
         """Reserve every pod's slots in one atomic step (with a TTL) and record the attempt.
 
         ``grow``: the pods are elastic extras of a job running on its gang; the attempt (a new fencing token
@@ -600,9 +658,8 @@ class PlacerService:
             )
             for p in placements
         ]
-        ttl_ms = int(self.settings.reservation_ttl_s * 1000)
         self._own_resv.add(resv)
-        ok, why = await self.claims.reserve(claims, resv, ttl_ms)
+        ok, why = await self._reserve_batch((claims, resv))  # with the other gangs of the cycle: one script call
         if not ok:
             self._own_resv.discard(resv)
             log.info("reserve_lost", job_id=job_id, reason=why)
@@ -614,7 +671,8 @@ class PlacerService:
         def assign(r: JobRecord) -> bool:
             return reserve_extras(r, attempt, resv, pods) if grow else reserve(r, attempt, resv, pods, record.spec)
 
-        updated = await self._update(job_id, assign, dequeue=not grow)
+        async with gate or contextlib.nullcontext():
+            updated = await self._update(job_id, assign, dequeue=not grow)
         if updated is None:  # cancelled, or another placer got there first: not a stale view
             await self.claims.release([c.key for c in claims], resv)
             self._own_resv.discard(resv)
@@ -768,7 +826,7 @@ class PlacerService:
                 bad = sorted({p.alloc.node_id for p in failed if p.pod_index not in absent})
                 await self._rollback(job_id, attempt, f"start failed on {text}", bad_nodes=bad)
                 return
-            committed = await self._while_redis_away(lambda: self.claims.commit(resv), "commit")
+            committed = await self._while_redis_away(lambda: self._commit_batch(resv), "commit")
             if not committed:
                 await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
                 return
@@ -958,8 +1016,8 @@ class PlacerService:
             self._kick.set()
 
     # ------------------------------------------------------------ stopping
-    async def _process_stop_requests(self) -> None:
-        for job_id in await self.jobs.stop_requests():
+    async def _process_stop_requests(self, job_ids: list[str] | None = None) -> None:
+        for job_id in await self.jobs.stop_requests() if job_ids is None else job_ids:
             record = await self.jobs.get(job_id)
             if record is None:
                 await self.jobs.stop_done(job_id)
@@ -1233,7 +1291,7 @@ class PlacerService:
 
     async def _pod_exited(self, exited: PodExited) -> None:
         pod, attempt = parse_agent_pod_id(exited.pod)
-        record = await self.jobs.get(exited.job_id)
+        record = await self._records_batch(exited.job_id)  # with the other exits of this turn: one read
         if not accepts_exit(record, pod, attempt, exited.node_id):
             return  # not the current token (an attempt rolled back, a pod already counted): changes nothing
         assert record is not None
@@ -1244,7 +1302,7 @@ class PlacerService:
                 and record.state not in TERMINAL_STATES):
             await self._rollback(exited.job_id, attempt, f"pod {pod} lost: {exited.message}", [exited.node_id])
             return
-        await self.claims.release([keys.claim(exited.job_id, pod)])
+        await self._release_batch(keys.claim(exited.job_id, pod))  # with the other exits of this turn: one script
         outcome: list[tuple[JobState | None, list[str]]] = []
         named = exited.model_copy(update={"pod": pod})
 

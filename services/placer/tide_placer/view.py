@@ -100,12 +100,17 @@ class ClusterView:
             del self.known[job_id]
 
     # ------------------------------------------------------------ the cluster
-    async def refresh(self, pending_ids: list[str]) -> tuple[list[NodeDescription], Cluster, Running]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(keys.NODES_VERSION)
-            pipe.smembers(keys.CLAIMS_INDEX)
-            version, members = await pipe.execute()
-        claim_keys = set(members)
+    async def refresh(self, pending_ids: list[str], read: tuple[str | None, set[str]] | None = None
+                      ) -> tuple[list[NodeDescription], Cluster, Running]:
+        """The view brought up to date; ``read``: the nodes' version and the claim index as the caller just read
+        them (saves a round trip), else read here."""
+        if read is None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.get(keys.NODES_VERSION)
+                pipe.smembers(keys.CLAIMS_INDEX)
+                version, members = await pipe.execute()
+            read = (version, set(members))
+        version, claim_keys = read
         fresh = time.monotonic() - self._built < self.resync_s
         if self._stale or not fresh or version != self._nodes_version:
             self._nodes_version = version

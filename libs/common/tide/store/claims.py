@@ -85,6 +85,8 @@ class ClaimStore:
         self.fence = fence
         self._claim = redis.register_script(_script("claim.lua"))
         self._commit = redis.register_script(_script("commit.lua"))
+        self._claim_many = redis.register_script(_script("claim_many.lua"))
+        self._commit_many = redis.register_script(_script("commit_many.lua"))
         self._release = redis.register_script(_script("release.lua"))
         self._expire = redis.register_script(_script("expire.lua"))
         self._extend = redis.register_script(_script("extend.lua"))
@@ -168,6 +170,38 @@ class ClaimStore:
     async def reserve(self, claims: list[PodClaim], reservation: str, ttl_ms: int) -> tuple[bool, str]:
         return await self.claim(claims, reservation, ttl_ms)
 
+    async def reserve_many(self, gangs: list[tuple[list[PodClaim], str]], ttl_ms: int) -> list[tuple[bool, str]]:
+        """``reserve`` for several gangs (their claims, their reservation id) in one script call: each gang all
+        or nothing on its own, in order, as if reserved one after the other. One gang: ``reserve``."""
+        if len(gangs) == 1:
+            return [await self.reserve(gangs[0][0], gangs[0][1], ttl_ms)]
+        if not gangs:
+            return []
+        if ttl_ms <= 0:
+            raise ValueError("a reservation needs a positive ttl_ms")
+        requests, own = [], []
+        for claims, reservation in gangs:
+            items = [
+                [[keys.capacity(i.node_id), keys.used(i.node_id), i.field, i.amount] for i in c.items] for c in claims
+            ]
+            requests.append({
+                "resv": reservation,
+                "rkey": keys.reservation(reservation),
+                "ttl_ms": ttl_ms,
+                "claims": [{"key": c.key, "alloc": json.dumps(c.alloc), "items": its}
+                           for c, its in zip(claims, items, strict=True)],
+            })
+            own += [c.key for c in claims] + [k for its in items for it in its for k in it[:2]]
+            own.append(keys.reservation(reservation))
+
+        async def call_keys() -> tuple[list[str], dict[str, Any]]:
+            lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
+            touched = own + list(lapsed.values()) + await self._touched(list(lapsed.values()), [])
+            return touched, {"rkeys": lapsed, "gangs": requests}
+
+        _, out = await self._run(self._claim_many, "claim", call_keys)
+        return [(int(out[i]) == 1, str(out[i + 1])) for i in range(0, len(out), 2)]
+
     async def commit(self, reservation: str) -> bool:
         """Make the reservation's claims permanent; False when its TTL lapsed (they are gone)."""
         rkey = keys.reservation(reservation)
@@ -180,6 +214,24 @@ class ClaimStore:
 
         code, _ = await self._run(self._commit, "commit", call_keys)
         return code == 1
+
+    async def commit_many(self, reservations: list[str]) -> list[bool]:
+        """``commit`` for several reservations in one script call, each judged on its own (committed, or False
+        when its TTL lapsed). One reservation: ``commit``."""
+        if len(reservations) == 1:
+            return [await self.commit(reservations[0])]
+        if not reservations:
+            return []
+        commits = [[r, keys.reservation(r)] for r in reservations]
+
+        async def call_keys() -> tuple[list[str], dict[str, Any]]:
+            lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
+            rkeys = sorted({*(k for _, k in commits), *lapsed.values()})
+            touched = rkeys + await self._touched(rkeys, [])
+            return touched, {"rkeys": lapsed, "commits": commits}
+
+        _, out = await self._run(self._commit_many, "commit", call_keys)
+        return [int(x) == 1 for x in out]
 
     async def extend(self, reservation: str, ttl_ms: int) -> bool:
         """Push a held reservation's lapse to ``ttl_ms`` from now (never earlier); False when it has lapsed."""
