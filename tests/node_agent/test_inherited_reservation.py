@@ -47,7 +47,7 @@ async def test_a_new_leader_adopts_a_started_gang_whose_reservation_lapsed_while
     old = PlacerService(settings)
     committing = threading.Event()
 
-    async def killed_before_the_commit(resv: str) -> bool:
+    async def killed_before_the_commit(*args: object, **kwargs: object) -> bool:
         committing.set()  # every start was acknowledged: the old leader dies here
         await asyncio.Event().wait()
         return False
@@ -55,6 +55,7 @@ async def test_a_new_leader_adopts_a_started_gang_whose_reservation_lapsed_while
     async def run_old() -> None:
         await old.start()
         old.claims.commit = killed_before_the_commit  # type: ignore[method-assign]
+        old.claims.commit_many = killed_before_the_commit  # type: ignore[method-assign]  # a cycle's commits
         old_loop.create_task(old.run(asyncio.Event()))
 
     client: TideClient | None = None

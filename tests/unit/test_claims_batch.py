@@ -73,3 +73,29 @@ async def test_a_fenced_batch_writes_nothing(redis: Redis) -> None:
     with pytest.raises(FencedOut):
         await store.commit_many(["a:1", "c:1"])
     assert (await state(redis))[1] == {}
+
+
+async def test_key_hints_save_the_reads_and_a_wrong_hint_only_costs_a_retry(redis: Redis) -> None:
+    store = await fresh(redis)
+    await store.reserve_many([GANGS[0], GANGS[2]], 30_000)
+    a_keys = [c.key for c in GANGS[0][0]] + [keys.used("n0"), keys.used("n1")]
+    calls: list[str] = []
+    real = store._touched
+
+    async def counted(*args: object) -> list[str]:
+        calls.append("read")
+        return await real(*args)  # type: ignore[arg-type]
+
+    store._touched = counted  # type: ignore[method-assign]
+    assert await store.commit_many(["a:1"], a_keys) == [True]
+    assert calls == []  # the hint named every key: nothing read before the script
+    assert await store.commit_many(["c:1"], [keys.used("n0")]) == [True]  # c's claim keys missing from the hint
+    assert calls == ["read"]
+    used_before = await redis.hgetall(keys.used("n1"))
+    assert await store.release([keys.claim("a", "a-1")], known=[keys.used("n1")]) == 1
+    assert calls == ["read"]
+    assert await store.release([keys.claim("c", "c-1")], known=[keys.used("n0")]) == 1  # wrong node: re-read
+    assert calls == ["read", "read"]
+    used = await redis.hgetall(keys.used("n1"))
+    assert int(used["g0.milli"]) == int(used_before["g0.milli"]) - 1000
+    assert int(used["g1.milli"]) == int(used_before["g1.milli"]) - 500

@@ -47,6 +47,10 @@ class Settings(BaseSettings):
         default=20.0, description="an agent that has not reached NATS for this long stops its pods (self-fencing)")
     fence_grace_s: float = Field(default=5.0, description="self-fencing: SIGTERM, this long, then SIGKILL")
 
+    # queue
+    queue_kick_window_s: float = Field(
+        default=0.005, description="the queue kicks the placer at once, then at most once per this window")
+
     # placer
     placer_tick_s: float = 1.0
     placer_resync_s: float = Field(default=5.0, description="rebuild the cached cluster view from Redis this often")

@@ -135,6 +135,7 @@ class Reserved:
     resv: str
     attempt: int
     grow: bool = False  # elastic extras for a job already running on its gang
+    touched: tuple[str, ...] = ()  # the claim keys reserved and the used keys of their items (the commit's keys)
 
 
 class PlacerService:
@@ -190,7 +191,8 @@ class PlacerService:
         ttl_ms = int(self.settings.reservation_ttl_s * 1000)
         self._reserve_batch: Batcher[tuple[list[PodClaim], str], tuple[bool, str]] = Batcher(
             lambda gangs: self.claims.reserve_many(gangs, ttl_ms))
-        self._commit_batch: Batcher[str, bool] = Batcher(lambda resvs: self.claims.commit_many(resvs))
+        self._commit_batch: Batcher[tuple[str, tuple[str, ...]], bool] = Batcher(
+            lambda commits: self.claims.commit_many([r for r, _ in commits], [k for _, ks in commits for k in ks]))
         self._records_batch: Batcher[str, JobRecord | None] = Batcher(lambda ids: self.jobs.get_many(ids))
         self._release_batch: Batcher[str, None] = Batcher(self._release_claims)
         await self._load_node_leases()
@@ -535,7 +537,10 @@ class PlacerService:
             task.add_done_callback(self._starting.discard)
 
     async def _release_claims(self, claim_keys: list[str]) -> list[None]:
-        await self.claims.release(sorted(set(claim_keys)))
+        """Release the claims (exited pods'), naming the used keys of those the view holds (one script call)."""
+        held = [self.view.allocs.get(k) for k in claim_keys]
+        known = sorted({keys.used(a.node_id) for a in held if a is not None})
+        await self.claims.release(sorted(set(claim_keys)), known=known if all(a is not None for a in held) else None)
         return [None] * len(claim_keys)
 
     async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False
@@ -679,7 +684,8 @@ class PlacerService:
             return None
         log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}),
                  pods=[p.pod_index for p in placements], extras=grow)
-        return Reserved(updated, placements, assignments, resv, attempt, grow)
+        touched = tuple([c.key for c in claims] + sorted({keys.used(i.node_id) for c in claims for i in c.items}))
+        return Reserved(updated, placements, assignments, resv, attempt, grow, touched)
 
     async def _start_cycle(self, gangs: list[Reserved]) -> None:
         """Start the gangs one cycle reserved: their placed events, then one request per node carrying every
@@ -826,7 +832,7 @@ class PlacerService:
                 bad = sorted({p.alloc.node_id for p in failed if p.pod_index not in absent})
                 await self._rollback(job_id, attempt, f"start failed on {text}", bad_nodes=bad)
                 return
-            committed = await self._while_redis_away(lambda: self._commit_batch(resv), "commit")
+            committed = await self._while_redis_away(lambda: self._commit_batch((resv, reserved.touched)), "commit")
             if not committed:
                 await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
                 return

@@ -53,17 +53,16 @@ HISTORY_MAX_BYTES = 512 * 1024  # and this many bytes of them (the reply stays u
 LOGS_TIMEOUT_S = 3.0  # a forwarded logs request waits this long for the node (the client may ask for up to 10 s)
 _JOB_ID = re.compile(JOB_ID_PATTERN)
 _NODE_ID = re.compile(NODE_ID_PATTERN)
-KICK_WINDOW_S = 0.02
-"""the placer is kicked at once, then at most once per this window for what came during it (a burst: 2 kicks)"""
 
 
 class Kicker:
     """Kicks of the placer (core NATS, ``subjects.PLACER_KICK``), coalesced: a kick when none went out in the last
     ``window_s`` goes at once; those asked for within the window become one kick at its end. A lone job is placed
-    as soon as before, a burst of submissions costs two kicks instead of one each. A kick is only a hint (the
-    placer also plans every ``placer_tick_s``): one lost with a crashing queue delays placement by a tick at most."""
+    as soon as before; submissions closer together than the window (a burst) share kicks, one per window instead
+    of one each (``TIDE_QUEUE_KICK_WINDOW_S``: a job waits at most that long for its kick). A kick is only a hint
+    (the placer also plans every ``placer_tick_s``): one lost with a crashing queue delays placement by a tick."""
 
-    def __init__(self, send: Callable[[], Awaitable[None]], window_s: float = KICK_WINDOW_S) -> None:
+    def __init__(self, send: Callable[[], Awaitable[None]], window_s: float) -> None:
         self.send = send
         self.window_s = window_s
         self.sent = 0
@@ -102,7 +101,7 @@ class QueueService:
         self._tenants: dict[str, Tenant] = {}
         self._tenants_mtime: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self.kicker = Kicker(self._send_kick)
+        self.kicker = Kicker(self._send_kick, settings.queue_kick_window_s)
 
     async def _send_kick(self) -> None:
         await self.nc.publish(subjects.PLACER_KICK, b"kick")

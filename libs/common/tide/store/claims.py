@@ -125,12 +125,14 @@ class ClaimStore:
                     out.extend(item[1] for item in (json.loads(raw) if raw else []))
         return out
 
-    async def _run(self, script: Any, what: str, call_keys: Callable[[], Awaitable[tuple[list[str], Any]]]
-                   ) -> list[Any]:
+    async def _run(self, script: Any, what: str, call_keys: Callable[[], Awaitable[tuple[list[str], Any]]],
+                   hinted: Callable[[], Awaitable[tuple[list[str], Any]]] | None = None) -> list[Any]:
         """Run a script with the keys ``call_keys()`` gathers (an awaitable of (keys, request)); gather
-        them again while the script names a key it was not given (a claim changed in between)."""
-        for _ in range(KEY_RETRIES):
-            touched, request = await call_keys()
+        them again while the script names a key it was not given (a claim changed in between). With ``hinted``,
+        the first try takes its keys from there instead (what the caller knows the call touches, read from no
+        one): a hint that misses a key costs that try, never a wrong write (the script checks every key)."""
+        for attempt in range(KEY_RETRIES):
+            touched, request = await (hinted if hinted is not None and attempt == 0 else call_keys)()
             result = await script(keys=BASE_KEYS + sorted(set(touched)),
                                   args=[self.fence(), json.dumps(request)])
             code = int(result[0])
@@ -215,22 +217,28 @@ class ClaimStore:
         code, _ = await self._run(self._commit, "commit", call_keys)
         return code == 1
 
-    async def commit_many(self, reservations: list[str]) -> list[bool]:
+    async def commit_many(self, reservations: list[str], known: list[str] | None = None) -> list[bool]:
         """``commit`` for several reservations in one script call, each judged on its own (committed, or False
-        when its TTL lapsed). One reservation: ``commit``."""
-        if len(reservations) == 1:
-            return [await self.commit(reservations[0])]
+        when its TTL lapsed). ``known``: the claim keys of these reservations and the used keys of their items,
+        as the caller reserved them (saves reading them first; a hint that misses one costs a retry)."""
         if not reservations:
             return []
         commits = [[r, keys.reservation(r)] for r in reservations]
+        own = [k for _, k in commits]
 
         async def call_keys() -> tuple[list[str], dict[str, Any]]:
             lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
-            rkeys = sorted({*(k for _, k in commits), *lapsed.values()})
+            rkeys = sorted({*own, *lapsed.values()})
             touched = rkeys + await self._touched(rkeys, [])
             return touched, {"rkeys": lapsed, "commits": commits}
 
-        _, out = await self._run(self._commit_many, "commit", call_keys)
+        async def hinted() -> tuple[list[str], dict[str, Any]]:
+            lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
+            others = sorted(set(lapsed.values()) - set(own))
+            touched = own + list(known or []) + others + (await self._touched(others, []) if others else [])
+            return touched, {"rkeys": lapsed, "commits": commits}
+
+        _, out = await self._run(self._commit_many, "commit", call_keys, hinted if known is not None else None)
         return [int(x) == 1 for x in out]
 
     async def extend(self, reservation: str, ttl_ms: int) -> bool:
@@ -255,9 +263,10 @@ class ClaimStore:
         code, _ = await self._run(self._extend, "extend", call_keys)
         return code == 1
 
-    async def release(self, claim_keys: list[str], reservation: str = "") -> int:
+    async def release(self, claim_keys: list[str], reservation: str = "", known: list[str] | None = None) -> int:
         """Release claims (a missing one is skipped) and, with ``reservation``, that reservation; returns how
-        many claims were released."""
+        many claims were released. ``known``: the used keys of the claims' items as the caller knows them (saves
+        reading the claims first; a hint that misses one costs a retry)."""
         if not claim_keys and not reservation:
             return 0
         rkey = keys.reservation(reservation) if reservation else ""
@@ -266,7 +275,10 @@ class ClaimStore:
         async def call_keys() -> tuple[list[str], dict[str, Any]]:
             return [k for k in (rkey,) if k] + await self._touched([], claim_keys), request
 
-        _, released = await self._run(self._release, "release", call_keys)
+        async def hinted() -> tuple[list[str], dict[str, Any]]:
+            return [k for k in (rkey,) if k] + list(claim_keys) + list(known or []), request
+
+        _, released = await self._run(self._release, "release", call_keys, hinted if known is not None else None)
         return int(released)
 
     async def expire(self) -> list[str]:
