@@ -190,6 +190,24 @@ def test_a_big_victim_is_swapped_for_a_smaller_one_that_suffices_but_never_for_a
     assert [v.job_id for v in victims] == ["small"]  # not the higher-priority 2-GPU job
 
 
+def test_a_victim_is_never_swapped_for_a_smaller_one_that_loses_more_gpu_time() -> None:
+    """Replay seed 43: a 1-GPU job 30 s into its run was swapped for a quarter-GPU share that had run
+    500 s unsaved, which loses four times the GPU-time to save three quarters of a GPU."""
+    running = [
+        RunningJob("young", "q", 500, 1, work_lost_s=30),
+        RunningJob("old-share", "q", 500, 0.25, work_lost_s=500),
+        RunningJob("fresh-share", "q", 500, 0.5, work_lost_s=10),
+    ]
+    needs_quarter = lambda vs: sum(v.gpus for v in vs) >= 0.25  # noqa: E731
+    # the greedy pass takes "fresh-share" (least work lost); no swap to the old share for a quarter GPU
+    assert [v.job_id for v in select_victims(running, needs_quarter)] == ["fresh-share"]
+    without_fresh = running[:2]
+    assert [v.job_id for v in select_victims(without_fresh, needs_quarter)] == ["young"]
+    # once the old share has lost no more GPU-time than the young job, the smaller victim is taken
+    cheap = [running[0], RunningJob("old-share", "q", 500, 0.25, work_lost_s=200)]
+    assert [v.job_id for v in select_victims(cheap, needs_quarter)] == ["old-share"]
+
+
 def test_intake_order_key_keeps_one_jobs_messages_together() -> None:
     from nats.aio.msg import Msg
     from tide_queue.service import intake_order_key

@@ -445,6 +445,12 @@ def work_lost_band(work_lost_s: float) -> int:
     return int(math.log2(1.0 + max(0.0, work_lost_s) / WORK_LOST_BAND_S))
 
 
+def gpu_time_lost(victim: RunningJob) -> float:
+    """GPU-seconds an eviction costs: its GPUs times the work it loses, counted as at least
+    ``WORK_LOST_BAND_S`` (a restart is never free)."""
+    return victim.gpus * max(victim.work_lost_s, WORK_LOST_BAND_S)
+
+
 def select_victims(
     candidates: Iterable[RunningJob],
     fits_without: Callable[[list[RunningJob]], bool],
@@ -460,7 +466,8 @@ def select_victims(
     more than twice the work of another), then least work lost. A victim the ``guard`` refuses is
     skipped. Greedy until it fits, then every victim that is not needed is dropped again (last chosen
     first), then a victim is swapped for a smaller one of no better rank while the preemptor still
-    fits, so GPUs evicted / needed stays close to 1.
+    fits and the swap loses no more GPU-time (``gpu_time_lost``), so GPUs evicted / needed stays close
+    to 1 without trading a young job for one that has run long.
 
     ``monotone``: the caller knows that evicting more never stops the preemptor from fitting (a set
     fits, so does every larger one). The whole sequence is tried first (it does not fit: no victims),
@@ -519,6 +526,7 @@ def select_victims(
         if fits_without(trial):
             chosen = trial
     # evict no more than needed: swap a victim for a smaller one of no better rank when that still fits
+    # and loses no more GPU-time
     def tier(c: RunningJob) -> tuple[bool, bool, int]:
         return (not c.extra, c.borrowed <= EPS, c.priority)
 
@@ -527,7 +535,8 @@ def select_victims(
         improved = False
         for victim in list(chosen):
             for c in sequence:
-                if c in chosen or c.gpus >= victim.gpus or tier(c) > tier(victim):
+                if (c in chosen or c.gpus >= victim.gpus or tier(c) > tier(victim)
+                        or gpu_time_lost(c) > gpu_time_lost(victim)):
                     continue
                 trial = [c if v is victim else v for v in chosen]
                 if guard.valid(trial) and fits_without(trial):
