@@ -39,9 +39,10 @@ async def test_elastic_job_runs_its_extras_and_gives_back_only_an_extra(make_sta
         serve = job("serve", ["sleep", "2"], gpu=1)
         serve["metadata"]["priorityClass"] = "online-serving"
         assert (await client.submit(serve, job_id="serve")).accepted
+        await client.wait("serve", states={"running"}, timeout_s=60)
+        during = await client.job("el")  # while serve runs (once it is done, the extra may be back already)
         done = await client.wait("serve", timeout_s=60)
         assert done["state"] == "succeeded", done
-        during = await client.job("el")
         assert during["state"] == "running" and during["attempts"] == 1, during
         assert {"el-0", "el-1"} <= set(running_pods(during))
         assert during.get("preemptions", 0) == 0

@@ -182,7 +182,17 @@ class PlacerService:
         # (claims, job records) carries the lease token and is refused once another placer holds the lease.
         self.lease = LeaderLease(self.redis, keys.PLACER_LEADER, "placer", self.settings.placer_lease_ttl_s,
                                  self.settings.placer_lease_renew_s)
-        self.jobs = JobStore(self.redis, fence=lambda: self.lease.token)
+        # the record compare-and-sets of one turn (a cycle's reserved gangs, its commits, a batch's exits) go to
+        # Redis in one pipeline
+        self._cas_batch: Batcher[tuple[list[str], list[Any]], Any] = Batcher(lambda calls: self.jobs.cas_many(calls))
+
+        async def batched_cas(cas_keys: list[str], cas_args: list[Any]) -> Any:
+            result = await self._cas_batch((cas_keys, cas_args))
+            if isinstance(result, BaseException):
+                raise result
+            return result
+
+        self.jobs = JobStore(self.redis, fence=lambda: self.lease.token, cas=batched_cas)
         self.claims = ClaimStore(self.redis, fence=lambda: self.lease.token)
         self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)
         # the Redis steps that concurrent gangs and pods reach in the same turn go out as one call each: a

@@ -58,6 +58,7 @@ class ClusterView:
         self.by_id: dict[str, NodeDescription] = {}
         self.cluster = Cluster.from_descriptions([])
         self.allocs: dict[str, Allocation] = {}  # claim key -> allocation applied to ``cluster``
+        self._owner: dict[str, tuple[str, str]] = {}  # claim key of ``allocs`` -> (job, pod), parsed once
         self.known: dict[str, Known] = {}  # job id -> its record as last read or written
         self._node_raw: dict[str, tuple[str, NodeDescription | None]] = {}
         self._nodes_version: str | None = None  # keys.NODES_VERSION when the nodes were last read
@@ -140,12 +141,14 @@ class ClusterView:
         self.by_id = {n.node_id: n for n in self.nodes}
         self.cluster = Cluster.from_descriptions(self.nodes)
         self.allocs = {}
+        self._owner = {}
         await self._add(sorted(claim_keys))
         self._built, self._stale = time.monotonic(), False
 
     async def _apply_diff(self, claim_keys: set[str]) -> None:
         for key in set(self.allocs) - claim_keys:
             alloc = self.allocs.pop(key)
+            self._owner.pop(key, None)
             try:
                 self.cluster.release(alloc)
             except OversubscriptionError:
@@ -172,11 +175,20 @@ class ClusterView:
                 continue
             self.allocs[key] = alloc
 
+    def owner(self, key: str) -> tuple[str, str]:
+        """(job, pod) of a claim key of ``allocs`` (parsed once while it is held)."""
+        found = self._owner.get(key)
+        if found is None:
+            found = self._owner[key] = keys.parse_claim(key)
+        return found
+
     def extra_allocs(self, running: Running) -> dict[str, dict[int, Allocation]]:
         """job -> pod index -> allocation of each elastic extra pod (index >= minMember) holding a claim."""
         out: dict[str, dict[int, Allocation]] = {}
+        if not any(record.spec.spec.elastic for record, _ in running.values()):
+            return out
         for key, alloc in self.allocs.items():
-            job_id, pod = keys.parse_claim(key)
+            job_id, pod = self.owner(key)
             held = running.get(job_id)
             index = pod.rpartition("-")[2]
             if held is None or not held[0].spec.spec.elastic or not index.isdigit():
@@ -188,7 +200,7 @@ class ClusterView:
     async def _running(self) -> Running:
         by_job: dict[str, list[Allocation]] = {}
         for key, alloc in self.allocs.items():
-            by_job.setdefault(keys.parse_claim(key)[0], []).append(alloc)
+            by_job.setdefault(self.owner(key)[0], []).append(alloc)
         job_ids = list(by_job)
         records = await self.records(job_ids)
         return {j: (r, by_job[j]) for j, r in zip(job_ids, records, strict=True) if r is not None}

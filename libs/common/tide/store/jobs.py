@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, ResponseError
 
 from tide.schemas.events import JobRecord
 from tide.store import keys
@@ -19,11 +21,15 @@ def _no_fence() -> str:
 
 class JobStore:
     """Job records. ``fence`` returns the caller's placer lease token: with one, a record write (the
-    compare-and-set) raises ``FencedOut`` unless the leader lease holds it; the default is unfenced (queue)."""
+    compare-and-set) raises ``FencedOut`` unless the leader lease holds it; the default is unfenced (queue).
+    ``cas`` runs the compare-and-set script (keys, args) instead of a call of its own, e.g. gathered with other
+    jobs' into one pipeline (``cas_many``)."""
 
-    def __init__(self, redis: Redis, fence: Callable[[], str] = _no_fence) -> None:
+    def __init__(self, redis: Redis, fence: Callable[[], str] = _no_fence,
+                 cas: Callable[[list[str], list[Any]], Awaitable[Any]] | None = None) -> None:
         self.redis = redis
         self.fence = fence
+        self._cas_call = cas
         lua = resources.files("tide.store").joinpath("lua")
         self._cas = redis.register_script(lua.joinpath("cas.lua").read_text())
         self._create = redis.register_script(lua.joinpath("create_job.lua").read_text())
@@ -81,13 +87,39 @@ class JobStore:
                 continue
             record.updated_at = time.time()
             new = record.to_json()
-            done = await self._cas(keys=[key, keys.PENDING, keys.PLACER_LEADER],
-                                   args=[raw, new, job_id if dequeue else "", self.fence()])
+            cas_keys = [key, keys.PENDING, keys.PLACER_LEADER]
+            cas_args = [raw, new, job_id if dequeue else "", self.fence()]
+            if self._cas_call is not None:
+                done = await self._cas_call(cas_keys, cas_args)
+            else:
+                done = await self._cas(keys=cas_keys, args=cas_args)
             if done == -2:
                 raise FencedOut(f"job {job_id}: the placer leader lease is not ours")
             if done:
                 return record, new
             raw = None  # someone else changed it meanwhile: read it again and re-apply the change
+
+    async def cas_many(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Several compare-and-set scripts (keys, args) in one pipeline; each one's result, or its own error
+        (``ResponseError``) as the value, in order. A server that lost its script cache gets the script again."""
+        if len(calls) == 1:
+            try:
+                return [await self._cas(keys=calls[0][0], args=calls[0][1])]
+            except ResponseError as exc:
+                return [exc]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for cas_keys, cas_args in calls:
+                pipe.evalsha(self._cas.sha, len(cas_keys), *cas_keys, *cas_args)
+            results = await pipe.execute(raise_on_error=False)
+        out: list[Any] = []
+        for (cas_keys, cas_args), result in zip(calls, results, strict=True):
+            if isinstance(result, NoScriptError):  # a restarted server: this call loads it
+                try:
+                    result = await self._cas(keys=cas_keys, args=cas_args)
+                except ResponseError as exc:
+                    result = exc
+            out.append(result)
+        return out
 
     async def pending(self, limit: int = 1000) -> list[str]:
         return list(await self.redis.zrange(keys.PENDING, 0, limit - 1))
