@@ -10,7 +10,7 @@ import pytest
 from tide.core import Cluster, Placer
 from tide.core import cycle as cycle_module
 from tide.core.cycle import CycleState, Plan, plan_cycle
-from tide.core.job_placement import place_job
+from tide.core.job_placement import job_demand, place_job
 from tide.core.model import MILLI, Allocation
 from tide.core.queues import QueueTree
 from tide.core.tides import parse_tides
@@ -302,3 +302,46 @@ def test_a_preemptor_never_frees_room_on_a_node_lent_for_the_tidal_window() -> N
     plan = plan_cycle(state(nodes, idle, [borrower], tides=tides, wall=datetime.fromisoformat("2026-12-02T23:00")),
                       Placer())
     assert [b.record.job_id for b in plan.binds] == ["borrower"] and not plan.preemptions
+
+
+def test_queue_usage_of_counts_every_running_and_nominated_job_in_its_queue_and_ancestors() -> None:
+    """``QueueUsage.of`` (summed in place, queue paths looked up once per queue name) equals admitting each
+    counted job in turn, exactly; stopping jobs and pending jobs without a nomination do not count."""
+    from tide.core.cycle_context import QueueUsage
+
+    tree = QueueTree.from_config({"queues": [{"name": "a", "children": [{"name": "x"}, {"name": "y"}]},
+                                             {"name": "b"}]})
+    rng = random.Random(7)
+    queues = ["a/x", "a/y", "a/x/undeclared", "b", "a"]
+    running = {}
+    for i in range(60):
+        state = rng.choice([JobState.RUNNING, JobState.RUNNING, JobState.PREEMPTED])
+        r = record(f"r{i}", rng.randint(1, 4), replicas=rng.randint(1, 3), state=state, queue=rng.choice(queues))
+        running[r.job_id] = (r, [])
+    pending = [record(f"p{i}", rng.randint(1, 4), queue=rng.choice(queues)) for i in range(20)]
+    pending = [p.model_copy(update={"nominated_at": 1.0}) if i % 2 else p for i, p in enumerate(pending)]
+    expected = QueueUsage(tree)
+    for r, _ in running.values():
+        if r.state != JobState.PREEMPTED:
+            expected.admit(r.spec.metadata.queue, job_demand(r.spec))
+    for p in pending:
+        if p.nominated_at is not None:
+            expected.admit(p.spec.metadata.queue, job_demand(p.spec))
+    got = QueueUsage.of(tree, running, pending)
+    assert got.by_path == expected.by_path
+    counted = [r for r, _ in running.values() if r.state != JobState.PREEMPTED] + [p for p in pending if p.nominated_at]
+    assert got.get("b")["gpu"] == sum(job_demand(r.spec)["gpu"] for r in counted if r.spec.metadata.queue == "b")
+
+
+def test_job_demand_is_remembered_per_spec_and_handed_out_as_a_copy() -> None:
+    one, two = record("one", 2, replicas=3), record("two", 1)
+    first = job_demand(one.spec)
+    assert first == {"gpu": 6.0, "cpu": first["cpu"], "memory": first["memory"]}
+    first["gpu"] = 99.0  # a caller changing its copy changes nothing remembered
+    assert job_demand(one.spec)["gpu"] == 6.0
+    assert job_demand(two.spec)["gpu"] == 1.0
+    # an equal spec parsed again (a new object) gets the same answer; a changed copy its own
+    again = JobSpec.model_validate(one.spec.model_dump(by_alias=True))
+    assert job_demand(again) == job_demand(one.spec)
+    bigger = one.spec.model_copy(update={"spec": one.spec.spec.model_copy(update={"replicas": 4, "min_member": 4})})
+    assert job_demand(bigger)["gpu"] == 8.0

@@ -216,8 +216,27 @@ def earmark(cluster: Cluster, spec: JobSpec) -> list[str]:
     return chosen
 
 
+DEMAND_MEMO_SIZE = 1 << 16
+_demand_memo: dict[int, tuple[JobSpec, dict[str, float]]] = {}
+
+
 def job_demand(spec: JobSpec) -> dict[str, float]:
-    """What the whole gang holds, in the queues' units: GPUs (shares and MIG as fractions), mCPU, MiB."""
+    """What the whole gang holds, in the queues' units: GPUs (shares and MIG as fractions), mCPU, MiB.
+
+    Every cycle asks it of every running and pending job, whose specs are parsed once and never changed
+    in place: the answer is remembered per spec object (its identity, checked, so a reused id never hits)
+    and a fresh copy handed out."""
+    memo = _demand_memo.get(id(spec))
+    if memo is not None and memo[0] is spec:
+        return dict(memo[1])
+    demand = _job_demand(spec)
+    if len(_demand_memo) >= DEMAND_MEMO_SIZE:
+        _demand_memo.clear()
+    _demand_memo[id(spec)] = (spec, demand)
+    return dict(demand)
+
+
+def _job_demand(spec: JobSpec) -> dict[str, float]:
     request = pod_request(spec)
     gang = spec.spec.gang_size
     if request.kind == "mig":
