@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speedup", type=float, default=50.0)
     ap.add_argument("--slice", type=int, default=40)
     ap.add_argument("--tick", type=float, default=30.0)
+    ap.add_argument("--hours", type=float, default=None,
+                    help="virtual hours replayed (default: until the last trace arrival, 16.5 h at speedup 50); "
+                         "serving jobs keep arriving and the backlog drains until then")
     ap.add_argument("--keep-gpus", type=int, default=WorkloadConfig.tide_keep_gpus,
                     help="the tide rule's keepGPUs (serving headroom in the lending window)")
     ap.add_argument("--rungs", default="", help="comma-separated rung numbers (default: all)")
@@ -207,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     for seed in seeds:
         config = WorkloadConfig(seed=seed, nodes=args.slice, speedup=args.speedup, load=args.load,
-                                tide_keep_gpus=args.keep_gpus)
+                                tide_keep_gpus=args.keep_gpus,
+                                horizon_s=args.hours * 3600 if args.hours is not None else None)
         workload = build_workload(args.nodes, args.pods, config)
         print(f"seed {seed}: workload {workload.notes}, horizon {workload.horizon_s / 3600:.1f} h",
               file=sys.stderr, flush=True)
