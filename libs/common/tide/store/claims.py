@@ -35,6 +35,22 @@ class FencedOut(Exception):
     """A fenced script refused: the placer leader lease no longer holds this placer's token."""
 
 
+def _gang_request(claims: list[PodClaim], reservation: str, ttl_ms: int) -> tuple[dict[str, Any], list[str]]:
+    """One gang's request to claim.lua / claim_many.lua (prelude.lua's ``claim_gang``) and the keys it names."""
+    items = [[[keys.capacity(i.node_id), keys.used(i.node_id), i.field, i.amount] for i in c.items] for c in claims]
+    request = {
+        "resv": reservation,
+        "rkey": keys.reservation(reservation) if reservation else "",
+        "ttl_ms": ttl_ms,
+        "claims": [{"key": c.key, "alloc": json.dumps(c.alloc), "items": its}
+                   for c, its in zip(claims, items, strict=True)],
+    }
+    own = [c.key for c in claims] + [k for its in items for it in its for k in it[:2]]
+    if reservation:
+        own.append(keys.reservation(reservation))
+    return request, own
+
+
 def _script(name: str) -> str:
     lua = resources.files("tide.store").joinpath("lua")
     return lua.joinpath("prelude.lua").read_text() + "\n" + lua.joinpath(name).read_text()
@@ -147,19 +163,7 @@ class ClaimStore:
         """Claim all pods' items or none. With ``reservation`` the claims lapse after ``ttl_ms`` unless committed."""
         if reservation and ttl_ms <= 0:
             raise ValueError("a reservation needs a positive ttl_ms")
-        items = [
-            [[keys.capacity(i.node_id), keys.used(i.node_id), i.field, i.amount] for i in c.items] for c in claims
-        ]
-        request = {
-            "resv": reservation,
-            "rkey": keys.reservation(reservation) if reservation else "",
-            "ttl_ms": ttl_ms,
-            "claims": [{"key": c.key, "alloc": json.dumps(c.alloc), "items": its}
-                       for c, its in zip(claims, items, strict=True)],
-        }
-        own = [c.key for c in claims] + [k for its in items for it in its for k in it[:2]]
-        if reservation:
-            own.append(keys.reservation(reservation))
+        request, own = _gang_request(claims, reservation, ttl_ms)
 
         async def call_keys() -> tuple[list[str], dict[str, Any]]:
             lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
@@ -183,18 +187,9 @@ class ClaimStore:
             raise ValueError("a reservation needs a positive ttl_ms")
         requests, own = [], []
         for claims, reservation in gangs:
-            items = [
-                [[keys.capacity(i.node_id), keys.used(i.node_id), i.field, i.amount] for i in c.items] for c in claims
-            ]
-            requests.append({
-                "resv": reservation,
-                "rkey": keys.reservation(reservation),
-                "ttl_ms": ttl_ms,
-                "claims": [{"key": c.key, "alloc": json.dumps(c.alloc), "items": its}
-                           for c, its in zip(claims, items, strict=True)],
-            })
-            own += [c.key for c in claims] + [k for its in items for it in its for k in it[:2]]
-            own.append(keys.reservation(reservation))
+            request, gang_keys = _gang_request(claims, reservation, ttl_ms)
+            requests.append(request)
+            own += gang_keys
 
         async def call_keys() -> tuple[list[str], dict[str, Any]]:
             lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)

@@ -9,61 +9,10 @@ if fenced() then
   return {-2, 'fenced'}
 end
 local req = cjson.decode(ARGV[2])
-for _, c in ipairs(req.claims) do
-  if not declared[c.key] then
-    return {-1, c.key}
-  end
-  for _, it in ipairs(c.items) do
-    if not (declared[it[1]] and declared[it[2]]) then
-      return {-1, it[1] .. ' ' .. it[2]}
-    end
-  end
-end
-if req.resv ~= '' and not declared[req.rkey] then
-  return {-1, req.rkey}
+local missing = undeclared_gang_key(req)
+if missing then
+  return {-1, missing}
 end
 expire_lapsed(req.rkeys)
-local need = {}
-local order = {}
-for _, c in ipairs(req.claims) do
-  if redis.call('EXISTS', c.key) == 1 then
-    return {0, 'already claimed: ' .. c.key}
-  end
-  for _, it in ipairs(c.items) do
-    local id = it[1] .. '\0' .. it[3]
-    if need[id] == nil then
-      need[id] = {cap = it[1], used = it[2], field = it[3], amount = 0}
-      table.insert(order, id)
-    end
-    need[id].amount = need[id].amount + tonumber(it[4])
-  end
-end
-for _, id in ipairs(order) do
-  local n = need[id]
-  local cap = tonumber(redis.call('HGET', n.cap, n.field))
-  if cap == nil then
-    return {0, 'unknown resource ' .. n.cap .. ' ' .. n.field}
-  end
-  local used = tonumber(redis.call('HGET', n.used, n.field) or '0')
-  if used + n.amount > cap then
-    return {0, 'insufficient ' .. n.field .. ' on ' .. n.cap .. ': ' .. used .. '+' .. n.amount .. '>' .. cap}
-  end
-end
-for _, id in ipairs(order) do
-  local n = need[id]
-  if n.amount ~= 0 then
-    redis.call('HINCRBY', n.used, n.field, n.amount)
-  end
-end
-local keys = {}
-for _, c in ipairs(req.claims) do
-  redis.call('HSET', c.key, 'items', cjson.encode(c.items), 'alloc', c.alloc, 'resv', req.resv)
-  redis.call('SADD', INDEX, c.key)
-  table.insert(keys, c.key)
-end
-if req.resv ~= '' then
-  local expires = now_ms() + tonumber(req.ttl_ms)
-  redis.call('HSET', req.rkey, 'claims', cjson.encode(keys), 'expires_ms', expires)
-  redis.call('ZADD', RESERVATIONS, expires, req.resv)
-end
-return {1, 'ok'}
+local code, reason = claim_gang(req)
+return {code, reason}
