@@ -34,6 +34,7 @@ from pathlib import Path
 import nats
 from tide import subjects
 from tide.bus.nats import publish
+from tide.core.lifecycle import transition_key, transitions_to_report
 from tide.schemas.events import (
     NODE_COMMAND,
     CommandAck,
@@ -61,6 +62,7 @@ class SimAgent:
         self.info, self.node = info, node
         self.tasks: set[asyncio.Task[None]] = set()
         self.transitions: list[PodStarted | PodExited] = []  # sent with the next heartbeat, as the agent does
+        self.answered: set[str] = set()  # pending starts answered 'started': reported only with their exit
 
     async def start(self) -> None:
         node_id = self.node.node_id
@@ -76,18 +78,27 @@ class SimAgent:
                               Telemetry(node_id=self.node.node_id).to_bytes())
         if self.transitions:
             items, self.transitions = self.transitions, []
-            await publish(self.js, subjects.node_status(self.node.node_id),
-                          PodStatusBatch(node_id=self.node.node_id, items=items))
+            report = transitions_to_report(items, self.answered)
+            self.answered.difference_update(transition_key(t) for t in items if isinstance(t, PodStarted))
+            if report:
+                await publish(self.js, subjects.node_status(self.node.node_id),
+                              PodStatusBatch(node_id=self.node.node_id, items=report))
 
     async def on_command(self, msg) -> None:
         command = NODE_COMMAND.validate_json(msg.data)
         if isinstance(command, StartPods):
             await msg.respond(CommandAck(ok=True, acks=[self.start_pod(c) for c in command.starts]).model_dump_json()
                               .encode())
+            self.told({f"{c.job_id}/{c.pod}" for c in command.starts})
         elif isinstance(command, StartPod):
             await msg.respond(self.start_pod(command).model_dump_json().encode())
+            self.told({f"{command.job_id}/{command.pod}"})
         else:
             await msg.respond(CommandAck(ok=True).model_dump_json().encode())
+
+    def told(self, keys: set[str]) -> None:
+        """These starts were answered: their pending PodStarted stay home while the pods run (as the agent)."""
+        self.answered.update(keys & {transition_key(t) for t in self.transitions if isinstance(t, PodStarted)})
 
     def start_pod(self, cmd: StartPod) -> CommandAck:
         self.transitions.append(PodStarted(node_id=self.node.node_id, job_id=cmd.job_id, pod=cmd.pod, pid=0))

@@ -337,13 +337,11 @@ async def test_a_start_batch_starts_each_pod_in_order_and_answers_each(make_agen
     assert ack.ok and [a.ok for a in ack.acks] == [True, True, True, False]
     assert [a.started for a in ack.acks] == [True, True, True, False]
     assert sorted(agent.pods) == [f"a{i}/a-{i}.a1" for i in range(3)]
-    # the transitions wait for the heartbeat, and go out in one status message
-    assert agent.batches == []
+    # the answer told the placer they started: their PodStarted stay home while they run
+    assert [t.kind for t in agent.sent] == ["pod-started"] * 3
     await agent._flush_transitions()
-    (batch,) = agent.batches
-    assert [(type(t).__name__, t.pod) for t in batch.items] == [("PodStarted", f"a-{i}.a1") for i in range(3)]
-    await agent._flush_transitions()
-    assert len(agent.batches) == 1, "nothing new: nothing sent"
+    assert agent.batches == [], "answered starts of running pods: no status message"
+    assert agent._answered == set()
 
 
 async def test_transitions_that_fail_to_go_out_are_sent_first_next_time(make_agent: AgentFactory) -> None:
@@ -367,3 +365,46 @@ async def test_transitions_that_fail_to_go_out_are_sent_first_next_time(make_age
     fail[0] = False
     await agent._flush_transitions()
     assert [t.kind for t in sent[0].items] == ["pod-started", "pod-exited"]
+
+
+async def test_an_answered_start_is_reported_only_with_its_pods_exit_in_the_same_heartbeat(
+        make_agent: AgentFactory) -> None:
+    """Issue 17: a start the agent answered 'started' is not repeated in the status batch while its pod runs
+    (one status message per pod fewer); when the pod ended before the heartbeat, its PodStarted goes first, so
+    the placer never sees the exit of a pod it does not know started."""
+    node = default_h100_node("n0")
+    agent = make_agent(node)
+    quick = _Reply(start("q-0.a1", py("print(1)"), job="q", gpus=whole(node, 0)).to_bytes())
+    await agent._on_command(quick)  # type: ignore[arg-type]
+    await agent.exited("q-0.a1")
+    await agent._flush_transitions()
+    (batch,) = agent.batches
+    assert [(t.kind, t.pod) for t in batch.items] == [("pod-started", "q-0.a1"), ("pod-exited", "q-0.a1")]
+
+    slow = _Reply(start("s-0.a1", py("import time; time.sleep(30)"), job="s", gpus=whole(node, 1)).to_bytes())
+    await agent._on_command(slow)  # type: ignore[arg-type]
+    await agent._flush_transitions()
+    assert len(agent.batches) == 1, "the running pod's answered start is not sent again"
+    await agent._on_command(_Reply(StopPod(job_id="s", pod="s-0.a1", grace_s=0).to_bytes()))  # type: ignore[arg-type]
+    await agent.exited("s-0.a1")
+    await agent._flush_transitions()
+    assert [(t.kind, t.pod) for t in agent.batches[-1].items] == [("pod-exited", "s-0.a1")]
+
+
+async def test_a_start_whose_answer_did_not_go_out_is_reported_in_the_status_batch(make_agent: AgentFactory) -> None:
+    """The answer could not be sent (NATS away): the PodStarted goes with the next heartbeat as before, so the
+    placer learns of the pod even if it never asks."""
+    node = default_h100_node("n0")
+    agent = make_agent(node)
+
+    class _LostReply(_Reply):
+        async def respond(self, data: bytes) -> None:
+            raise ConnectionError("NATS away")
+
+    msg = _LostReply(start("l-0.a1", py("import time; time.sleep(30)"), job="l", gpus=whole(node, 0)).to_bytes())
+    with pytest.raises(ConnectionError):
+        await agent._on_command(msg)  # type: ignore[arg-type]
+    assert "l/l-0.a1" in agent.pods
+    await agent._flush_transitions()
+    (batch,) = agent.batches
+    assert [(t.kind, t.pod) for t in batch.items] == [("pod-started", "l-0.a1")]

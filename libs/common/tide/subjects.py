@@ -43,7 +43,19 @@ EVENTS_ALL = f"{PREFIX}.events.>"
 JOB_EVENTS_ALL = f"{PREFIX}.events.job.>"
 
 
+# Every kind of job event. The terminal ones end a job's story (metrics takes them through its durable
+# consumer); the others are its progress (metrics follows them on one plain subscription per kind, so a terminal
+# event is not delivered to it twice). A kind not listed here cannot be published: ``job_event`` refuses it.
+TERMINAL_EVENT_KINDS = ("succeeded", "failed", "cancelled", "rejected")
+PROGRESS_EVENT_KINDS = ("queued", "placed", "running", "unschedulable", "requeued", "preempted", "pod-preempted",
+                        "pod-started", "pod-exited", "checkpoint", "extras-placed", "extras-requeued", "shrunk")
+JOB_EVENT_KINDS = frozenset(TERMINAL_EVENT_KINDS + PROGRESS_EVENT_KINDS)
+
+
 def job_event(job_id: str, kind: str) -> str:
+    """The subject of one job event (``kind``: one of ``JOB_EVENT_KINDS``, or ``*``)."""
+    if kind not in JOB_EVENT_KINDS and kind != "*":
+        raise ValueError(f"unknown job event kind {kind!r}: add it to tide.subjects' event kinds")
     return f"{PREFIX}.events.job.{job_id}.{kind}"
 
 

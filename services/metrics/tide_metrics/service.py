@@ -142,8 +142,10 @@ class MetricsService:
         self._telemetry = await self.nc.subscribe(subjects.TELEMETRY_ALL, cb=self._on_telemetry)
         # Job events: the terminal ones (the feedback loop acts on them: weights, OOM resubmissions) through a
         # durable consumer, so none is missed across a restart; every other kind only counts and times, so a
-        # plain subscription does (one delivery each, no pull requests, no acks).
-        self._events = await self.nc.subscribe(subjects.JOB_EVENTS_ALL, cb=self._on_plain_event)
+        # plain subscription per kind does (one delivery each, no pull requests, no acks; a subscription to every
+        # kind would deliver each terminal event a second time, for nothing).
+        self._events = [await self.nc.subscribe(subjects.job_event("*", kind), cb=self._on_plain_event)
+                        for kind in subjects.PROGRESS_EVENT_KINDS]
         self._event_tails: dict[str, asyncio.Task[None]] = {}
         await self._poll()
 
@@ -322,9 +324,10 @@ class MetricsService:
         )
 
     async def close(self) -> None:
-        for name in ("_api", "_telemetry", "_events"):  # absent when start() did not get that far
+        subscriptions = [getattr(self, name, None) for name in ("_api", "_api_tenants", "_telemetry")]
+        for sub in [s for s in subscriptions if s is not None] + getattr(self, "_events", []):  # as far as start() got
             try:
-                await getattr(self, name).unsubscribe()
+                await sub.unsubscribe()
             except Exception:
                 pass
         if hasattr(self, "_dcgm"):

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
+from tide import subjects
 
 NS = 1_000_000_000
 PHASES = (("job.wait", "queued", "placed"), ("job.start", "placed", "running"), ("job.run", "running", None))
-TERMINAL_KINDS = frozenset({"succeeded", "failed", "cancelled", "rejected"})
+TERMINAL_KINDS = frozenset(subjects.TERMINAL_EVENT_KINDS)
 
 
 @dataclass

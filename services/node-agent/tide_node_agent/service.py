@@ -8,7 +8,10 @@
   argv/env, launch; ``PodExited`` with reason, signal, peak GPU memory once it ends. A placer cycle's
   starts for this node come in one ``StartPods`` request (each start keeps its token and expiry); the
   pods' transitions (``PodStarted``, ``PodExited``) go out together in one ``PodStatusBatch`` per
-  heartbeat (registrations at once, after the transitions before them).
+  heartbeat (registrations at once, after the transitions before them). A ``PodStarted`` whose start was
+  answered ``started`` is left out while its pod runs: the answer told the placer already, and a placer
+  that missed it asks (``SettlePod``). It goes with its pod's exit when both fall in one heartbeat, so the
+  placer still sees the start before the exit.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
 from tide.bus.nats import close_nats, connect, publish
-from tide.core.lifecycle import gpus_overcommitted, pod_fate, start_refusal
+from tide.core.lifecycle import gpus_overcommitted, pod_fate, start_refusal, transition_key, transitions_to_report
 from tide.core.mig import profiles_for
 from tide.runtime import every
 from tide.schemas.events import (
@@ -148,6 +151,7 @@ class NodeAgent:
         self._fenced = False  # the lease ran out and the pods were stopped; cleared by the next contact
         self._log = log.bind(node_id=self.node_id)
         self._transitions: list[PodStarted | PodExited] = []  # not sent yet: they go with the next heartbeat
+        self._answered: set[str] = set()  # pods (keys) of pending PodStarted whose 'started' answer went out
         self._flush_lock = asyncio.Lock()
         self._flushes: set[asyncio.Task[None]] = set()
 
@@ -232,11 +236,14 @@ class NodeAgent:
             if not self._transitions:
                 return
             items, self._transitions = self._transitions, []
+            report = transitions_to_report(items, self._answered)
             try:
-                await self._status(PodStatusBatch(node_id=self.node_id, items=items))
+                if report:
+                    await self._status(PodStatusBatch(node_id=self.node_id, items=report))
             except BaseException:
                 self._transitions[:0] = items
                 raise
+            self._answered.difference_update(transition_key(i) for i in items if isinstance(i, PodStarted))
 
     async def _flush_in_background(self) -> None:
         """The heartbeat's flush: never holds the heartbeat (and the lease renewal) while NATS is away."""
@@ -368,6 +375,7 @@ class NodeAgent:
 
     # ------------------------------------------------------------ commands
     async def _on_command(self, msg: Msg) -> None:
+        command: StartPod | StartPods | SettlePod | StopPod | None = None
         try:
             command = NODE_COMMAND.validate_json(msg.data)
             self._check_lease()
@@ -386,6 +394,19 @@ class NodeAgent:
             ack = CommandAck(ok=False, error=repr(exc))
         if msg.reply:
             await msg.respond(ack.model_dump_json().encode())
+            self._note_answered(command, ack)
+
+    def _note_answered(self, command: StartPod | StartPods | SettlePod | StopPod | None, ack: CommandAck) -> None:
+        """The placer was told these pods started (the answer went out): their pending ``PodStarted`` may stay
+        home (``transitions_to_report``)."""
+        if isinstance(command, StartPods):
+            told = {f"{s.job_id}/{s.pod}" for s, a in zip(command.starts, ack.acks, strict=False) if a.started}
+        elif isinstance(command, StartPod) and ack.started:
+            told = {f"{command.job_id}/{command.pod}"}
+        else:
+            return
+        pending = {transition_key(t) for t in self._transitions if isinstance(t, PodStarted)}
+        self._answered.update(told & pending)
 
     async def _on_logs(self, msg: Msg) -> None:
         """Pod logs on request (tide_node_agent/logs.py), read in a thread: a slow disk never stalls commands."""

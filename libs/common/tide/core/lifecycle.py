@@ -21,6 +21,7 @@ from tide.schemas.events import (
     PodExited,
     PodFate,
     PodRecord,
+    PodStarted,
     PodState,
 )
 from tide.schemas.job import JobSpec
@@ -389,6 +390,20 @@ def start_refusal(attempt: int, floor: int, expires_at: float | None, now: float
     if expires_at is not None and now > expires_at:
         return f"stale start: the request expired {now - expires_at:.1f}s ago (the placer gave up on it)"
     return ""
+
+
+def transition_key(transition: PodStarted | PodExited) -> str:
+    """The agent's key of the pod a transition is about (``<job>/<pod>.a<attempt>``)."""
+    return f"{transition.job_id}/{transition.pod}"
+
+
+def transitions_to_report(items: list[PodStarted | PodExited], answered: set[str]) -> list[PodStarted | PodExited]:
+    """The transitions a status batch carries: all but the ``PodStarted`` of pods whose start was answered
+    ``started`` (``answered``) and that have not exited since (an exit in the same batch keeps its start
+    before it, so the placer never sees a pod end before it began)."""
+    exited = {transition_key(t) for t in items if isinstance(t, PodExited)}
+    return [t for t in items
+            if not (isinstance(t, PodStarted) and transition_key(t) in answered and transition_key(t) not in exited)]
 
 
 def gpus_overcommitted(
