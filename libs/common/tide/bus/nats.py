@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -166,6 +167,11 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 consumer's ``max_deliver`` and dead-lettered only at its last delivery."""
 
 
+PULL_EXPIRES_S = 1.0
+"""How long one pull request waits for messages: the server answers an unused one with a timeout status once a
+second per consumer, and a consumer that stops leaves a request behind for at most this long."""
+
+
 async def consume(
     js: JetStreamContext,
     cdef: ConsumerDef,
@@ -175,6 +181,12 @@ async def consume(
     order_key: Callable[[Msg], str] | None = None,
 ) -> None:
     """Pull from a durable, explicit-ack consumer until ``stop`` is set.
+
+    One pull request asks for up to ``batch`` messages and waits up to ``PULL_EXPIRES_S``: messages come as they
+    are published, and what has come is handled together; the next request goes once this one is spent (all its
+    messages came and were handled, or it expired). At a few messages a second that is one request a second,
+    where nats-py's ``fetch`` sends one or two per message (a no-wait probe, then a waiting request) and the
+    server answers each with a status message. At most ``batch`` messages are in hand at a time.
 
     The handler acks (or naks/terms) each message itself, inside the trace context the message carries (its
     ``traceparent`` header, ``tide.tracing.remote_parent``); an exception in the
@@ -194,24 +206,80 @@ async def consume(
         max_deliver=cdef.max_deliver,
         filter_subjects=cdef.filter_subjects or None,
     )
-    sub = None
-    while not stop.is_set():
+    nc: NATS = js._nc  # the JetStream context's connection: pull requests and their inbox go over it
+    next_subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{cdef.stream}.{cdef.durable}"
+    request = json.dumps({"batch": batch, "expires": int(PULL_EXPIRES_S * 1e9)}).encode()
+    arrived: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_delivery(msg: Msg) -> None:
+        arrived.put_nowait(msg)
+
+    inbox_sub = None
+    owed, expires_at = 0, 0.0  # messages the outstanding request may still bring, and when it lapses
+    try:
+        while not stop.is_set():
+            try:
+                if inbox_sub is None:
+                    await js.add_consumer(cdef.stream, config)
+                    inbox = nc.new_inbox()
+                    inbox_sub = await nc.subscribe(inbox, cb=on_delivery)
+                    owed = 0
+                now = time.monotonic()
+                if owed <= 0 or now > expires_at:
+                    await nc.publish(next_subject, request, reply=inbox)
+                    owed, expires_at = batch, now + PULL_EXPIRES_S + 0.5  # slack: the server's 408 comes first
+                try:
+                    first = await asyncio.wait_for(arrived.get(), timeout=min(0.5, max(0.01, expires_at - now)))
+                except TimeoutError:
+                    continue
+            except Exception as exc:  # server away or consumer lost: back off and rebuild
+                log.warning("consume_error", consumer=cdef.durable, error=repr(exc))
+                await _unsubscribe(inbox_sub)
+                inbox_sub = None
+                await asyncio.sleep(0.5)
+                continue
+            msgs: list[Msg] = []
+            for msg in [first, *_drain(arrived)]:
+                status = JetStreamContext.is_status_msg(msg)
+                if status is None:
+                    msgs.append(msg)
+                    owed -= 1
+                elif status != "100":  # 408: the request expired; 409: max waiting, leader change, consumer gone
+                    owed = 0
+                    if status == "409" and "deleted" in str((msg.headers or {}).get("Description", "")).lower():
+                        await _unsubscribe(inbox_sub)  # the consumer is made again
+                        inbox_sub = None
+            if not msgs:
+                continue
+            groups: dict[str, list[Msg]] = {}
+            for i, msg in enumerate(msgs):
+                groups.setdefault(_key(order_key, msg) if order_key else str(i // len(msgs)), []).append(msg)
+            await asyncio.gather(*[_handle_in_order(js, cdef, handler, group) for group in groups.values()])
+    finally:
+        await _unsubscribe(inbox_sub)
+        for msg in _drain(arrived):  # came after the stop: redelivered now to whoever consumes next
+            if JetStreamContext.is_status_msg(msg) is None:
+                try:
+                    await msg.nak()
+                except Exception:  # noqa: BLE001 - redelivered after the ack wait instead
+                    pass
+
+
+def _drain(arrived: asyncio.Queue[Msg]) -> list[Msg]:
+    msgs: list[Msg] = []
+    while not arrived.empty():
+        msgs.append(arrived.get_nowait())
+    return msgs
+
+
+async def _unsubscribe(sub: Any) -> None:
+    """Drop a pull inbox (None: there was none)."""
+    if sub is not None:
         try:
-            if sub is None:
-                await js.add_consumer(cdef.stream, config)
-                sub = await js.pull_subscribe_bind(durable=cdef.durable, stream=cdef.stream)
-            msgs = await sub.fetch(batch, timeout=0.5)
-        except (nats.errors.TimeoutError, TimeoutError):
-            continue
-        except Exception as exc:  # server away or consumer lost: back off and rebuild
-            log.warning("consume_error", consumer=cdef.durable, error=repr(exc))
-            sub = None
-            await asyncio.sleep(0.5)
-            continue
-        groups: dict[str, list[Msg]] = {}
-        for i, msg in enumerate(msgs):
-            groups.setdefault(_key(order_key, msg) if order_key else str(i // len(msgs)), []).append(msg)
-        await asyncio.gather(*[_handle_in_order(js, cdef, handler, group) for group in groups.values()])
+            await sub.unsubscribe()
+        except Exception:  # noqa: BLE001 - the connection is gone: so is the subscription
+            pass
+    return None
 
 
 UNKEYED = ""  # like the queue's messages that name no job: one at a time

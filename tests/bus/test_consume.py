@@ -1,0 +1,89 @@
+"""``tide.bus.nats.consume``: one pull request serves many messages (issue 17), at most ``batch`` in hand."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+from tide import subjects
+from tide.bus.nats import consume, ensure_streams, publish
+from tide.schemas.events import CancelJob
+from tide.subjects import ConsumerDef
+
+from tests.node_agent.conftest import nats_url  # noqa: F401 - the bare NATS server fixture
+
+
+async def test_messages_that_trickle_in_share_one_pull_request(nats_url: str) -> None:  # noqa: F811
+    """Twenty messages 30 ms apart: each is handled, in order, and the consumer asks the server for them a few
+    times, not once or twice per message as a fetch loop does."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js)
+    pulls: list[bytes] = []
+
+    async def on_pull(msg) -> None:
+        pulls.append(msg.data)
+
+    await nc.subscribe("$JS.API.CONSUMER.MSG.NEXT.JOBS.trickle", cb=on_pull)
+    handled: list[str] = []
+
+    async def handler(msg) -> None:
+        handled.append(CancelJob.model_validate_json(msg.data).job_id)
+        await msg.ack()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(consume(js, ConsumerDef("JOBS", "trickle", [subjects.JOB_CANCEL]), handler, stop))
+    try:
+        await asyncio.sleep(0.2)
+        for i in range(20):
+            await publish(js, subjects.JOB_CANCEL, CancelJob(job_id=f"j{i}"))
+            await asyncio.sleep(0.03)
+        for _ in range(200):
+            if len(handled) == 20:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await task
+    assert handled == [f"j{i}" for i in range(20)]
+    assert 1 <= len(pulls) <= 4, f"{len(pulls)} pull requests for 20 messages"
+    info = await js.consumer_info("JOBS", "trickle")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    await nc.close()
+
+
+async def test_no_more_than_a_batch_is_in_hand_while_the_handler_is_slow(nats_url: str) -> None:  # noqa: F811
+    """A backlog of 60 and a slow handler: the consumer asks for the next batch only once it has handled the last,
+    so the messages wait in the stream, not in its memory past their ack wait. (The server applies acks
+    asynchronously: for a moment it may count a handled batch beside the next one, never more.)"""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js)
+    for i in range(60):
+        await publish(js, subjects.JOB_CANCEL, CancelJob(job_id=f"b{i}"))
+    handled: list[str] = []
+    in_hand: list[int] = []
+
+    async def handler(msg) -> None:
+        await asyncio.sleep(0.005)
+        handled.append(CancelJob.model_validate_json(msg.data).job_id)
+        await msg.ack()
+
+    stop = asyncio.Event()
+    cdef = ConsumerDef("JOBS", "backlog", [subjects.JOB_CANCEL])
+    task = asyncio.create_task(consume(js, cdef, handler, stop, batch=8))
+    try:
+        for _ in range(300):
+            try:
+                in_hand.append((await js.consumer_info("JOBS", "backlog")).num_ack_pending)
+            except nats.js.errors.NotFoundError:
+                pass
+            if len(handled) == 60:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await task
+    assert sorted(handled) == sorted(f"b{i}" for i in range(60)) and len(handled) == 60
+    assert max(in_hand) <= 2 * 8, max(in_hand)
+    await nc.close()
