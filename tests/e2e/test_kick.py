@@ -1,5 +1,6 @@
-"""The queue kicks the placer once for a lone job (placed at once, not at the placer's next tick) and a few times
-for a burst of submissions (coalesced: ``tide_queue.service.Kicker``), and every job of the burst is placed."""
+"""A job's ``queued`` event kicks the placer (issue 17: no kick message of its own): a lone job is placed at once,
+not at the placer's next tick, and so is every job of a burst. A cancel still kicks (``tide_queue.service.Kicker``):
+the running job is stopped at once."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.helpers import job
 LONG_TICK = {"placer": {"TIDE_PLACER_TICK_S": "60"}, "queue": {"TIDE_QUEUE_KICK_WINDOW_S": "0.1"}}
 
 
-async def test_a_lone_job_is_placed_at_once_and_a_burst_costs_few_kicks(make_stack) -> None:
+async def test_queued_events_kick_the_placer_and_a_cancel_kicks_it(make_stack) -> None:
     stack = make_stack(env=LONG_TICK)
     info = stack.info
     assert info is not None
@@ -34,9 +35,15 @@ async def test_a_lone_job_is_placed_at_once_and_a_burst_costs_few_kicks(make_sta
     async def on_placed(msg) -> None:
         placed.setdefault(JobEvent.model_validate_json(msg.data).job_id, time.monotonic())
 
+    cancelled: dict[str, float] = {}
+
+    async def on_cancelled(msg) -> None:
+        cancelled.setdefault(JobEvent.model_validate_json(msg.data).job_id, time.monotonic())
+
     try:
         await spy.subscribe(subjects.PLACER_KICK, cb=on_kick)
         await client.nc.subscribe("tide.events.job.*.placed", cb=on_placed)
+        await client.nc.subscribe("tide.events.job.*.cancelled", cb=on_cancelled)
         await spy.flush()
         await client.nc.flush()
         await asyncio.sleep(1.0)  # the registrations' cycles are over
@@ -49,7 +56,7 @@ async def test_a_lone_job_is_placed_at_once_and_a_burst_costs_few_kicks(make_sta
             await asyncio.sleep(0.05)
         assert "lone-0" in placed, "a lone job waits for the placer's tick: it was not kicked"
         assert placed["lone-0"] - submitted < 3.0
-        assert len(kicks) - before == 1
+        assert len(kicks) == before, "the queued event is the kick"
 
         await asyncio.sleep(0.2)
         before = len(kicks)
@@ -61,9 +68,16 @@ async def test_a_lone_job_is_placed_at_once_and_a_burst_costs_few_kicks(make_sta
             if all(j in placed for j in burst):
                 break
             await asyncio.sleep(0.05)
-        assert all(j in placed for j in burst), sorted(set(burst) - set(placed))  # the trailing kick placed the last
-        burst_kicks = len(kicks) - before
-        assert 1 <= burst_kicks <= len(burst) // 2, burst_kicks
+        assert all(j in placed for j in burst), sorted(set(burst) - set(placed))  # each queued event kicked
+        assert len(kicks) == before
+
+        await client.cancel("lone-0")
+        for _ in range(100):
+            if "lone-0" in cancelled:
+                break
+            await asyncio.sleep(0.05)
+        assert "lone-0" in cancelled, "a cancel waits for the placer's tick: it was not kicked"
+        assert len(kicks) - before == 1
     finally:
         await client.close()
         await spy.close()

@@ -56,7 +56,8 @@ _NODE_ID = re.compile(NODE_ID_PATTERN)
 
 
 class Kicker:
-    """Kicks of the placer (core NATS, ``subjects.PLACER_KICK``), coalesced: a kick when none went out in the last
+    """Kicks of the placer (core NATS, ``subjects.PLACER_KICK``) after a cancel or a new queue config (a new job's
+    kick is its ``queued`` event, which the placer follows), coalesced: a kick when none went out in the last
     ``window_s`` goes at once; those asked for within the window become one kick at its end. A lone job is placed
     as soon as before; submissions closer together than the window (a burst) share kicks, one per window instead
     of one each (``TIDE_QUEUE_KICK_WINDOW_S``: a job waits at most that long for its kick). A kick is only a hint
@@ -245,8 +246,7 @@ class QueueService:
                 return
         else:
             log.info("job_queued", job_id=job_id, queue=sub.spec.metadata.queue, pods=gang, tenant=owner)
-        await publish_job_event(self.js, record, "queued", reason="")
-        self.kicker.kick()
+        await publish_job_event(self.js, record, "queued", reason="")  # the placer's kick (it follows 'queued')
 
     async def _on_cancel(self, msg: Msg, owner: str | None = None) -> None:
         try:

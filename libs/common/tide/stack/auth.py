@@ -70,8 +70,8 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
         "placer": {
             "publish": [subjects.EVENTS_ALL, "tide.node.*.cmd", *js_stream_lookup(),
                         *js_consumer_with_dlq(subjects.PLACER_NODE_STATUS)],
-            "subscribe": [subjects.PLACER_KICK, subjects.API_NODES, subjects.TELEMETRY_ALL,
-                          subjects.PLACER_WEIGHTS, f"{service_inbox_prefix('placer')}.>"],
+            "subscribe": [subjects.PLACER_KICK, subjects.job_event("*", "queued"), subjects.API_NODES,
+                          subjects.TELEMETRY_ALL, subjects.PLACER_WEIGHTS, f"{service_inbox_prefix('placer')}.>"],
         },
         "metrics": {
             # tide.jobs.submit[.<tenant>]: the feedback loop resubmits OOM-failed jobs with a larger share, a
