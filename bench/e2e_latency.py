@@ -29,6 +29,7 @@ import random
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import nats
@@ -53,6 +54,7 @@ from tide.stack.auth import node_user
 from tide.stack.launcher import Stack, StackInfo
 
 HEARTBEAT_S = 2.0  # the agents' default (TIDE_HEARTBEAT_S)
+STARTS: Counter[str] = Counter()  # job id -> how many times a simulated agent started its (one) pod
 
 
 class SimAgent:
@@ -101,6 +103,7 @@ class SimAgent:
         self.answered.update(keys & {transition_key(t) for t in self.transitions if isinstance(t, PodStarted)})
 
     def start_pod(self, cmd: StartPod) -> CommandAck:
+        STARTS[cmd.job_id] += 1
         self.transitions.append(PodStarted(node_id=self.node.node_id, job_id=cmd.job_id, pod=cmd.pod, pid=0))
         task = asyncio.get_running_loop().create_task(self.run_pod(cmd))
         self.tasks.add(task)
@@ -153,6 +156,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
     placed: dict[str, float] = {}
     running: dict[str, float] = {}
     finished: dict[str, float] = {}
+    outcomes: dict[str, list[str]] = {}  # every terminal event of each job, duplicates included
 
     async def on_event(msg) -> None:
         event = JobEvent.model_validate_json(msg.data)
@@ -163,6 +167,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
                 running.setdefault(event.job_id, time.monotonic())
             else:
                 finished.setdefault(event.job_id, time.monotonic())
+                outcomes.setdefault(event.job_id, []).append(event.kind)
 
     for kind in ("placed", "running", "succeeded", "failed"):
         await nc.subscribe(f"tide.events.job.*.{kind}", cb=on_event)
@@ -184,7 +189,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         submitted[job_id] = time.monotonic()
         await js.publish(subjects.JOB_SUBMIT, body, headers={"Tide-Job-Id": job_id})
     offered_s = time.monotonic() - start
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + max(90.0, seconds * 3)
     while len(finished) < n and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.2)  # the last events' acks
@@ -197,6 +202,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
     to_running = [(running[j] - submitted[j]) * 1000 for j in running]
     last = max(placed.values(), default=start)
     done = max(len(finished), 1)
+    starts = [STARTS[j] for j in submitted]
     in_msgs, out_msgs, observer = (b - a for a, b in zip(msgs0, msgs1, strict=True))
     stack_msgs = in_msgs + out_msgs - observer
     idle_msgs = idle["nats_msgs_per_s"] * wall
@@ -208,6 +214,11 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         "offered_rate_achieved": round(n / offered_s, 1),
         "placed": len(placed),
         "finished": len(finished),
+        # each job ends once, succeeded, and its pod was started once: nothing lost, nothing run twice
+        "succeeded": sum(1 for kinds in outcomes.values() if kinds == ["succeeded"]),
+        "not_succeeded": sorted(j for j in submitted if outcomes.get(j, []) != ["succeeded"])[:20],
+        "pods_started_twice": sum(1 for c in starts if c > 1),
+        "pods_never_started": sum(1 for c in starts if c == 0),
         "sustained_placed_per_s": round(len(placed) / max(last - start, 1e-9), 1),
         "submit_to_placed_ms": {"p50": round(pct(to_placed, 0.5), 1), "p99": round(pct(to_placed, 0.99), 1)},
         "submit_to_running_ms": {"p50": round(pct(to_running, 0.5), 1), "p99": round(pct(to_running, 0.99), 1)},
@@ -296,7 +307,8 @@ def main() -> None:
     parts = [f"{r['rate_offered']}/s: placed p50 {r['submit_to_placed_ms']['p50']} ms p99 "
              f"{r['submit_to_placed_ms']['p99']} ms, sustained {r['sustained_placed_per_s']}/s, "
              f"{r['nats_msgs_per_job_net_of_idle']} NATS msgs/job, "
-             f"{r['cpu_ms_per_job_net_of_idle_total']} ms CPU/job (net of idle)"
+             f"{r['cpu_ms_per_job_net_of_idle_total']} ms CPU/job (net of idle), "
+             f"{r['succeeded']}/{r['jobs']} succeeded once, {r['pods_started_twice']} started twice"
              for r in result["rates"]]
     print(f"e2e_latency on {result['nodes']} nodes: " + "; ".join(parts))
 
