@@ -139,6 +139,21 @@ def nats_stats(info: StackInfo, observer: str) -> tuple[int, int, int]:
     return int(varz["in_msgs"]), int(varz["out_msgs"]), own
 
 
+def messages_by_client(info: StackInfo) -> Counter[str]:
+    """Messages each client exchanged with the NATS server so far (``/connz``: in + out), by service; every node
+    agent's connection counts as "agents". Where the stack's messages go, not a second total: the server's own
+    JetStream traffic (acks it sends, deliveries) shows on the client that receives it."""
+    base = f"http://127.0.0.1:{info.monitor_ports['nats']}"
+    with urllib.request.urlopen(f"{base}/connz?limit=100000", timeout=5) as r:
+        conns = json.load(r).get("connections", [])
+    by: Counter[str] = Counter()
+    for conn in conns:
+        name = conn.get("name") or ""
+        by[name if name.startswith(("tide-", "bench-")) else "agents"] += int(conn.get("in_msgs", 0)) + int(
+            conn.get("out_msgs", 0))
+    return by
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -173,6 +188,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         await nc.subscribe(f"tide.events.job.*.{kind}", cb=on_event)
     await nc.flush()
     msgs0 = nats_stats(info, OBSERVER)
+    clients0 = messages_by_client(info)
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     own0, wall0 = time.process_time(), time.monotonic()
     spec = {"metadata": {"name": "lat"}, "spec": {"template": {"command": ["sleep", str(run_s)],
@@ -196,6 +212,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
     cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     own_cpu, wall = time.process_time() - own0, time.monotonic() - wall0
     msgs1 = nats_stats(info, OBSERVER)
+    clients = messages_by_client(info) - clients0
     await nc.close()
     await load.close()
     to_placed = [(placed[j] - submitted[j]) * 1000 for j in placed]
@@ -228,6 +245,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         "nats_msgs_per_job_net_of_idle": round((stack_msgs - idle_msgs) / done, 1),
         "nats_in_out_per_job": [round(in_msgs / done, 1), round(out_msgs / done, 1)],
         "observer_msgs_per_job": round(observer / done, 1),
+        "nats_msgs_per_job_by_client": {name: round(n / done, 2) for name, n in sorted(clients.items())},
         "placer_cpu_ms_per_decision": round(cpu["placer"] * 1000 / max(len(placed), 1), 2),
         # CPU of each process of the stack per finished job (submit to exit), in ms: raw, and net of idle
         "cpu_ms_per_job": {name: round(c, 2) for name, c in cpu_ms.items()},

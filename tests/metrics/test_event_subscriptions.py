@@ -1,4 +1,5 @@
-"""The metrics service follows job events without a second delivery of the terminal ones (issue 17)."""
+"""The metrics service follows job progress in the publishers' digests, one delivery for many events, and takes
+the terminal events only through its durable consumer (issue 17)."""
 
 from __future__ import annotations
 
@@ -6,41 +7,93 @@ import asyncio
 
 import nats
 import pytest
+from tide import events as events_module
 from tide import subjects
 from tide.bus.nats import ensure_streams
-from tide.schemas.events import JobEvent, JobState
+from tide.events import EventPublisher
+from tide.schemas.events import JobEventDigest, JobRecord
+from tide.schemas.job import JobSpec
 from tide.settings import Settings
 from tide_metrics.service import MetricsService
 
+from tests.helpers import job
 from tests.node_agent.conftest import nats_url  # noqa: F401 - the bare NATS server fixture
 
 
 def test_an_unknown_event_kind_has_no_subject() -> None:
-    """A new kind must join the catalogue (which decides what metrics subscribes to) before it can be sent."""
+    """A new kind must join the catalogue (which decides what metrics is sent) before it can be sent."""
     assert subjects.job_event("j", "placed") == "tide.events.job.j.placed"
     with pytest.raises(ValueError, match="unknown job event kind 'launched'"):
         subjects.job_event("j", "launched")
     assert not set(subjects.TERMINAL_EVENT_KINDS) & set(subjects.PROGRESS_EVENT_KINDS)
 
 
-async def test_progress_events_come_on_plain_subscriptions_and_terminal_ones_only_durably(
+def record(job_id: str) -> JobRecord:
+    return JobRecord(job_id=job_id, spec=JobSpec.model_validate(job(job_id, ["true"], gpu=1)), submitted_at=0.0,
+                     updated_at=0.0)
+
+
+async def test_progress_events_reach_metrics_in_one_digest_and_terminal_ones_only_durably(
         nats_url: str, redis_url: str) -> None:  # noqa: F811 - the fixture imported above
     svc = MetricsService(Settings(nats_url=nats_url, redis_url=redis_url))
-    publisher = await nats.connect(nats_url)
-    await ensure_streams(publisher.jetstream())
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js)
+    digests: list[JobEventDigest] = []
+
+    async def on_digest(msg) -> None:
+        digests.append(JobEventDigest.model_validate_json(msg.data))
+
+    await nc.subscribe(subjects.EVENT_DIGEST, cb=on_digest)
+    stored: list[str] = []
+
+    async def on_event(msg) -> None:
+        stored.append(msg.subject)
+
+    await nc.subscribe(subjects.job_events("*"), cb=on_event)
     await svc.start()
+    events = EventPublisher(js, nc, window_s=0.05)
     try:
-        for kind in ("queued", "placed", "running", "succeeded"):
-            event = JobEvent(event_id=f"j.{kind}", job_id="j", kind=kind, state=JobState.PENDING)
-            await publisher.publish(subjects.job_event("j", kind), event.to_bytes())
-        await publisher.flush()
-        for _ in range(50):
-            if sum(s.delivered for s in svc._events) >= 3:
+        for job_id in ("a", "b"):
+            for kind in ("queued", "placed", "running", "succeeded"):
+                await events.publish(record(job_id), kind)
+        for _ in range(100):
+            if svc._events.delivered >= 1 and {"a", "b"} <= svc.timelines.keys():
                 break
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)  # a fourth delivery would have come by now
-        assert sum(s.delivered for s in svc._events) == 3, "the terminal event is the durable consumer's alone"
-        assert svc.timelines["j"].last.keys() >= {"queued", "placed", "running"}
+        await asyncio.sleep(0.2)  # a second digest would have come by now
+        assert len(stored) == 8, "every event, terminal ones included, is on its own subject for users"
+        assert svc._events.delivered == 1, "eight events, six of them progress: one digest"
+        assert [(e.job_id, e.kind) for e in digests[0].events] == [
+            (j, k) for j in ("a", "b") for k in ("queued", "placed", "running")], "in order, no terminal event"
+        for job_id in ("a", "b"):  # metrics followed each job's progress from the digest
+            assert svc.timelines[job_id].last.keys() == {"queued", "placed", "running"}, job_id
     finally:
+        await events.flush()
         await svc.close()
-        await publisher.close()
+        await nc.close()
+
+
+async def test_a_digest_goes_at_once_when_full_and_whatever_is_left_on_flush(nats_url: str) -> None:  # noqa: F811
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js)
+    sizes: list[int] = []
+
+    async def on_digest(msg) -> None:
+        sizes.append(len(JobEventDigest.model_validate_json(msg.data).events))
+
+    await nc.subscribe(subjects.EVENT_DIGEST, cb=on_digest)
+    events = EventPublisher(js, nc, window_s=60.0)  # never by the timer in this test
+    try:
+        for i in range(events_module.DIGEST_MAX_EVENTS + 3):
+            await events.publish(record(f"j{i}"), "queued")
+        await events.flush()
+        await nc.flush()
+        for _ in range(50):
+            if sum(sizes) == events_module.DIGEST_MAX_EVENTS + 3:
+                break
+            await asyncio.sleep(0.02)
+        assert sizes == [events_module.DIGEST_MAX_EVENTS, 3]
+    finally:
+        await nc.close()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from tide.stack.auth import service_permissions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,3 +33,37 @@ def test_compose_validates_with_docker_compose() -> None:
     out = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), "config", "-q"], capture_output=True,
                          text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
+
+
+def _conf_permissions(user: str) -> dict[str, list[str]]:
+    """The publish and subscribe allow lists of ``user`` in deploy/nats.conf."""
+    text = (ROOT / "deploy/nats.conf").read_text()
+    block = re.search(r"\{user: " + re.escape(user) + r",.*?allow_responses", text, re.S)
+    assert block is not None, user
+    lists = {kind: re.search(kind + r": \{allow: \[(.*?)\]", block.group(0), re.S) for kind in ("publish", "subscribe")}
+    return {kind: re.findall(r'"([^"]+)"', m.group(1)) for kind, m in lists.items() if m is not None}
+
+
+def _covers(pattern: str, subject: str) -> bool:
+    """Whether the NATS permission ``pattern`` allows ``subject`` (itself possibly a pattern)."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or (token != "*" and token != s[i]) or (token == "*" and s[i] == ">"):
+            return False
+    return len(p) == len(s)
+
+
+@pytest.mark.parametrize("service", ["queue", "placer", "metrics"])
+def test_compose_nats_conf_allows_what_each_service_uses_and_no_other_subject(service: str) -> None:
+    """compose.yaml's NATS config grants each service what `tide up` grants it (tide.stack.auth): a subject added
+    to one and not the other would fail only under compose. Outside the JetStream API (whose stream lookups the
+    file grants by wildcard) it grants nothing more."""
+    conf, want = _conf_permissions(service), service_permissions()[service]
+    for kind in ("publish", "subscribe"):
+        for subject in want[kind]:
+            assert any(_covers(p, subject) for p in conf[kind]), f"{service} {kind} {subject}: not in deploy/nats.conf"
+        for pattern in conf[kind]:
+            if not pattern.startswith("$JS.API.STREAM."):
+                assert any(_covers(w, pattern) for w in want[kind]), f"{service} {kind} {pattern}: not in auth.py"

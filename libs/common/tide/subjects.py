@@ -44,8 +44,9 @@ JOB_EVENTS_ALL = f"{PREFIX}.events.job.>"
 
 
 # Every kind of job event. The terminal ones end a job's story (metrics takes them through its durable
-# consumer); the others are its progress (metrics follows them on one plain subscription per kind, so a terminal
-# event is not delivered to it twice). A kind not listed here cannot be published: ``job_event`` refuses it.
+# consumer); the others are its progress (metrics follows them in the publishers' digests, ``EVENT_DIGEST``, so
+# a terminal event is not delivered to it twice). A kind not listed here cannot be published: ``job_event``
+# refuses it.
 TERMINAL_EVENT_KINDS = ("succeeded", "failed", "cancelled", "rejected")
 PROGRESS_EVENT_KINDS = ("queued", "placed", "running", "unschedulable", "requeued", "preempted", "pod-preempted",
                         "pod-started", "pod-exited", "checkpoint", "extras-placed", "extras-requeued", "shrunk")
@@ -57,6 +58,12 @@ def job_event(job_id: str, kind: str) -> str:
     if kind not in JOB_EVENT_KINDS and kind != "*":
         raise ValueError(f"unknown job event kind {kind!r}: add it to tide.subjects' event kinds")
     return f"{PREFIX}.events.job.{job_id}.{kind}"
+
+
+# The progress events a service published in the last moment, gathered into one core-NATS message for the metrics
+# service (``tide.events.EventPublisher``): one delivery per digest instead of one per event. Outside every
+# stream: at most once, as metrics' counters and histograms need (the durable record is each event's own subject).
+EVENT_DIGEST = f"{PREFIX}.metrics.digest"
 
 
 def job_events(job_id: str) -> str:

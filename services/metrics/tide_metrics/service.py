@@ -33,7 +33,7 @@ from redis.asyncio import Redis
 from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.runtime import every
-from tide.schemas.events import GpuSample, JobEvent, JobRecord, Telemetry
+from tide.schemas.events import GpuSample, JobEvent, JobEventDigest, JobRecord, Telemetry
 from tide.schemas.feedback import FamilyWeights, family_of
 from tide.schemas.job import JobSpec
 from tide.schemas.node import NodeDescription
@@ -141,11 +141,10 @@ class MetricsService:
         # was down; the TELEMETRY stream keeps the last hour of them for inspection.
         self._telemetry = await self.nc.subscribe(subjects.TELEMETRY_ALL, cb=self._on_telemetry)
         # Job events: the terminal ones (the feedback loop acts on them: weights, OOM resubmissions) through a
-        # durable consumer, so none is missed across a restart; every other kind only counts and times, so a
-        # plain subscription per kind does (one delivery each, no pull requests, no acks; a subscription to every
-        # kind would deliver each terminal event a second time, for nothing).
-        self._events = [await self.nc.subscribe(subjects.job_event("*", kind), cb=self._on_plain_event)
-                        for kind in subjects.PROGRESS_EVENT_KINDS]
+        # durable consumer, so none is missed across a restart; every other kind only counts and times, so the
+        # digests the queue and placer send of them do (``tide.events.EventPublisher``: one delivery per digest,
+        # not per event; no pull requests, no acks).
+        self._events = await self.nc.subscribe(subjects.EVENT_DIGEST, cb=self._on_digest)
         self._event_tails: dict[str, asyncio.Task[None]] = {}
         await self._poll()
 
@@ -324,8 +323,8 @@ class MetricsService:
         )
 
     async def close(self) -> None:
-        subscriptions = [getattr(self, name, None) for name in ("_api", "_api_tenants", "_telemetry")]
-        for sub in [s for s in subscriptions if s is not None] + getattr(self, "_events", []):  # as far as start() got
+        subscriptions = [getattr(self, name, None) for name in ("_api", "_api_tenants", "_telemetry", "_events")]
+        for sub in [s for s in subscriptions if s is not None]:  # as far as start() got
             try:
                 await sub.unsubscribe()
             except Exception:
@@ -462,16 +461,21 @@ class MetricsService:
         await self.handle_event(event)
         await msg.ack()
 
-    async def _on_plain_event(self, msg: Msg) -> None:
-        """A non-terminal event (the terminal ones come through ``TERMINAL_EVENTS``): handled after the job's
-        previous events (its timeline), concurrently with other jobs'."""
-        kind = msg.subject.rsplit(".", 1)[-1]
-        if kind in TERMINAL_KINDS:
-            return
+    async def _on_digest(self, msg: Msg) -> None:
+        """A digest of non-terminal events (the terminal ones come through ``TERMINAL_EVENTS``), in the order its
+        service published them."""
         try:
-            event = JobEvent.model_validate_json(msg.data)
+            digest = JobEventDigest.model_validate_json(msg.data)
         except ValueError:
+            log.warning("event_digest_invalid", bytes=len(msg.data))
             return
+        for event in digest.events:
+            if event.kind not in TERMINAL_KINDS:
+                self._follow(event)
+
+    def _follow(self, event: JobEvent) -> None:
+        """A progress event, handled after the job's previous events (its timeline), concurrently with other
+        jobs'."""
         previous = self._event_tails.get(event.job_id)
 
         async def handle() -> None:

@@ -74,7 +74,7 @@ from tide.core.queues import (
     QueueTree,
 )
 from tide.core.tides import TideRule, parse_tides
-from tide.events import publish_job_event
+from tide.events import EventPublisher
 from tide.schemas.events import (
     NODE_STATUS,
     POD_DONE_STATES,
@@ -176,6 +176,7 @@ class PlacerService:
         self.metrics.serve(self.settings.placer_metrics_host, self.settings.placer_metrics_port)
         self.nc = await connect(self.settings, "tide-placer", inbox_prefix="_INBOX_placer")
         self.js = self.nc.jetstream()
+        self.events = EventPublisher(self.js, self.nc)
         await ensure_streams(self.js)
         self.redis = redis_for(self.settings)
         # Only the holder of the leader lease plans, binds and handles node status; every script it runs
@@ -231,6 +232,7 @@ class PlacerService:
                 log.info("placer_leader_released", token=self.lease.state.token)
         except Exception as exc:  # noqa: BLE001 - Redis away: the lease lapses after its TTL instead
             log.warning("placer_leader_release_failed", error=repr(exc))
+        await self.events.flush()
         await close_nats(self.nc)
         await self.redis.aclose()
 
@@ -576,7 +578,7 @@ class PlacerService:
         updated = await self._update(record.job_id, lambda r: mark_unplaced(r, state, unfit.reason))
         if updated is not None and state == JobState.UNSCHEDULABLE:
             log.info("job_unschedulable", job_id=record.job_id, reason=unfit.reason)
-            await publish_job_event(self.js, updated, "unschedulable")
+            await self.events.publish(updated, "unschedulable")
 
     async def _timed_out(self, timed_out: TimedOut) -> None:
         """A pending gang past its gangTimeoutSeconds: it fails, or its spec shrinks to minMember 1."""
@@ -587,8 +589,8 @@ class PlacerService:
         if updated is None:
             return
         log.info("gang_timeout", job_id=job_id, action=timed_out.action, reason=timed_out.reason)
-        await publish_job_event(self.js, updated, "failed" if timed_out.action == "fail" else "shrunk",
-                                reason=timed_out.reason)
+        await self.events.publish(updated, "failed" if timed_out.action == "fail" else "shrunk",
+                                  reason=timed_out.reason)
 
     # ------------------------------------------------------------ preemption
     async def _preempt_pods(self, job_id: str, pods: tuple[int, ...], by: str, why: str) -> None:
@@ -606,8 +608,8 @@ class PlacerService:
         grace = updated.spec.spec.grace_period_s
         for name, node, token in chosen:
             log.info("extra_pod_preempted", job_id=job_id, pod=name, node_id=node, by=by, reason=why)
-            await publish_job_event(self.js, updated, "pod-preempted", pod=name, node=node,
-                                    reason=f"preempted by {by} ({why})")
+            await self.events.publish(updated, "pod-preempted", pod=name, node=node,
+                                      reason=f"preempted by {by} ({why})")
             await self._stop_extra(job_id, name, node, token, grace, f"preempted by {by}")
 
     async def _stop_extra(self, job_id: str, pod: str, node: str, token: int, grace: float, reason: str) -> None:
@@ -637,8 +639,8 @@ class PlacerService:
         updated = await self._update(job_id, lambda r: preempt(r, by, why))
         if updated is None:
             return
-        await publish_job_event(self.js, updated, "checkpoint", reason="checkpoint now: preemption follows")
-        await publish_job_event(self.js, updated, "preempted")
+        await self.events.publish(updated, "checkpoint", reason="checkpoint now: preemption follows")
+        await self.events.publish(updated, "preempted")
         await self.jobs.request_stop(job_id)
         self._kick.set()
 
@@ -647,7 +649,7 @@ class PlacerService:
         if updated is not None:
             await self.jobs.stop_done(job_id)
             await self.jobs.requeue(job_id, pending_score_of(updated))
-            await publish_job_event(self.js, updated, "requeued")
+            await self.events.publish(updated, "requeued")
             self._kick.set()
 
     # ------------------------------------------------------------ reserve -> start -> commit
@@ -759,10 +761,10 @@ class PlacerService:
     def _placed_event(self, reserved: Reserved) -> Coroutine[Any, Any, None]:
         updated = reserved.record
         if reserved.grow:
-            return publish_job_event(self.js, updated, "extras-placed",
-                                     reason=f"elastic extra pods {[p.pod_index for p in reserved.placements]}")
-        return publish_job_event(self.js, updated, "placed", wait_s=time.time() - updated.submitted_at,
-                                 reason="placed")
+            return self.events.publish(updated, "extras-placed",
+                                       reason=f"elastic extra pods {[p.pod_index for p in reserved.placements]}")
+        return self.events.publish(updated, "placed", wait_s=time.time() - updated.submitted_at,
+                                   reason="placed")
 
     def _start_commands(self, reserved: Reserved, traceparent: str | None = None) -> dict[int, StartPod]:
         """The ``StartPod`` of each pod of a reserved gang, by pod index (each carrying ``traceparent``)."""
@@ -876,12 +878,12 @@ class PlacerService:
         one_pod = len(record.pods) == 1
         if not one_pod:
             for name, node in started:
-                await publish_job_event(self.js, record, "pod-started", pod=name, node=node, state=record.state,
-                                        reason="")
+                await self.events.publish(record, "pod-started", pod=name, node=node, state=record.state,
+                                          reason="")
         if turned:
             log.info("job_running", job_id=record.job_id)
             pod, node = started[-1] if one_pod else (None, None)
-            await publish_job_event(self.js, record, "running", pod=pod, node=node)
+            await self.events.publish(record, "running", pod=pod, node=node)
 
     async def _settle_starts(self, record: JobRecord, resv: str, attempt: int, pods: list[PodPlacement]
                              ) -> dict[int, PodFate | None]:
@@ -1001,7 +1003,7 @@ class PlacerService:
             await self._finish_cancel(job_id)
             return
         await self.jobs.requeue(job_id, pending_score_of(updated))
-        await publish_job_event(self.js, updated, "requeued")
+        await self.events.publish(updated, "requeued")
 
     async def _stop_now(self, record: JobRecord, pods: list[PodRecord], skip: set[str]) -> None:
         """Stop pods at once (each by its own token); a node that did not answer may only be stalled: it
@@ -1030,7 +1032,7 @@ class PlacerService:
         attempt_resv = keys.reservation_id(job_id, attempt)
         updated = await self._update(job_id, lambda r: rollback_extras(r, attempt, attempt_resv, skip))
         if updated is not None:
-            await publish_job_event(self.js, updated, "extras-requeued", reason=f"elastic extras: {why}")
+            await self.events.publish(updated, "extras-requeued", reason=f"elastic extras: {why}")
             self._kick.set()
 
     # ------------------------------------------------------------ stopping
@@ -1063,7 +1065,7 @@ class PlacerService:
         updated = await self._update(job_id, lambda r: finish_cancel(r, time.time()))
         if updated is not None:
             await self.jobs.dequeue(job_id)
-            await publish_job_event(self.js, updated, "cancelled")
+            await self.events.publish(updated, "cancelled")
 
     # ------------------------------------------------------------ node agents
     async def _on_node_status(self, msg: Msg) -> None:
@@ -1337,15 +1339,15 @@ class PlacerService:
         new_state, to_stop = outcome[-1]
         one_pod = len(record.pods) == 1 and new_state is not None
         if not one_pod:  # a one-pod job's terminal event says the same: its pod, node and exit code
-            await publish_job_event(self.js, record, "pod-exited", pod=pod, node=exited.node_id,
-                                    exit_code=exited.exit_code, reason=exited.reason.value)
+            await self.events.publish(record, "pod-exited", pod=pod, node=exited.node_id,
+                                      exit_code=exited.exit_code, reason=exited.reason.value)
         if new_state is not None:
             log.info("job_finished", job_id=record.job_id, state=new_state, reason=record.reason)
             if one_pod:
-                await publish_job_event(self.js, record, new_state.value, pod=pod, node=exited.node_id,
-                                        exit_code=exited.exit_code)
+                await self.events.publish(record, new_state.value, pod=pod, node=exited.node_id,
+                                          exit_code=exited.exit_code)
             else:
-                await publish_job_event(self.js, record, new_state.value)
+                await self.events.publish(record, new_state.value)
         if to_stop:
             await self.jobs.request_stop(record.job_id)
         if record.state == JobState.PREEMPTED and not any(p.node and p.state not in POD_DONE_STATES

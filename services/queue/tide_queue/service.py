@@ -24,7 +24,7 @@ from tide.core.lifecycle import request_cancel
 from tide.core.queue_order import pending_score
 from tide.core.queues import QueueTree
 from tide.core.tides import parse_tides
-from tide.events import publish_job_event
+from tide.events import EventPublisher
 from tide.schemas.events import (
     JOB_ID_PATTERN,
     CancelJob,
@@ -123,6 +123,7 @@ class QueueService:
     async def start(self) -> None:
         self.nc = await connect(self.settings, "tide-queue", inbox_prefix=service_inbox_prefix("queue"))
         self.js = self.nc.jetstream()
+        self.events = EventPublisher(self.js, self.nc)
         await ensure_streams(self.js)
         self.redis = redis_for(self.settings)
         self.jobs = JobStore(self.redis)
@@ -144,6 +145,7 @@ class QueueService:
         await self.kicker.close()
         for task in list(self._tasks):
             task.cancel()
+        await self.events.flush()
         await close_nats(self.nc)
         await self.redis.aclose()
 
@@ -242,11 +244,11 @@ class QueueService:
                 return
             log.info("job_duplicate_submit", job_id=job_id, state=existing.state.value if existing else None)
             if existing is not None:
-                await publish_job_event(self.js, existing, "queued", reason="duplicate submission: same job")
+                await self.events.publish(existing, "queued", reason="duplicate submission: same job")
                 return
         else:
             log.info("job_queued", job_id=job_id, queue=sub.spec.metadata.queue, pods=gang, tenant=owner)
-        await publish_job_event(self.js, record, "queued", reason="")  # the placer's kick (it follows 'queued')
+        await self.events.publish(record, "queued", reason="")  # the placer's kick (it follows 'queued')
 
     async def _on_cancel(self, msg: Msg, owner: str | None = None) -> None:
         try:
@@ -267,7 +269,7 @@ class QueueService:
         log.info("job_cancel", job_id=cancel.job_id, state=record.state)
         if record.state == JobState.CANCELLED:
             await self.jobs.dequeue(cancel.job_id)
-            await publish_job_event(self.js, record, "cancelled")
+            await self.events.publish(record, "cancelled")
         else:
             await self.jobs.request_stop(cancel.job_id)
             self.kicker.kick()

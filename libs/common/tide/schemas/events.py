@@ -140,6 +140,12 @@ class JobEvent(Message):
     wait_s: float | None = None
 
 
+class JobEventDigest(Message):
+    """Progress events one service published, in the order it published them (``subjects.EVENT_DIGEST``)."""
+
+    events: list[JobEvent]
+
+
 # ---------------------------------------------------------------- node agents
 class NodeRegistered(Message):
     kind: Literal["registered"] = "registered"

@@ -60,7 +60,8 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
         "queue": {  # creates the streams where `tide up` did not (compose); its own intake consumer
             # reads a tenant's job history (MSG.GET on EVENTS and DLQ: read-only, no consumer) and forwards its
             # logs requests to the nodes, once it has checked that the job is the tenant's
-            "publish": [subjects.JOB_REJECTED, subjects.EVENTS_ALL, subjects.PLACER_KICK, *js_stream_lookup(),
+            "publish": [subjects.JOB_REJECTED, subjects.EVENTS_ALL, subjects.EVENT_DIGEST, subjects.PLACER_KICK,
+                        *js_stream_lookup(),
                         *js_stream_admin(), *js_consumer_with_dlq(subjects.QUEUE_INTAKE),
                         *js_msg_get("EVENTS", "DLQ"), subjects.NODE_LOGS_ALL],
             "subscribe": [subjects.API_STATUS, subjects.API_STATUS_TENANTS, subjects.API_HISTORY_TENANTS,
@@ -68,7 +69,7 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
                           f"{service_inbox_prefix('queue')}.>"],
         },
         "placer": {
-            "publish": [subjects.EVENTS_ALL, "tide.node.*.cmd", *js_stream_lookup(),
+            "publish": [subjects.EVENTS_ALL, subjects.EVENT_DIGEST, "tide.node.*.cmd", *js_stream_lookup(),
                         *js_consumer_with_dlq(subjects.PLACER_NODE_STATUS)],
             "subscribe": [subjects.PLACER_KICK, subjects.job_event("*", "queued"), subjects.API_NODES,
                           subjects.TELEMETRY_ALL, subjects.PLACER_WEIGHTS, f"{service_inbox_prefix('placer')}.>"],
@@ -80,7 +81,7 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
                         *js_consumer_with_dlq(subjects.METRICS_EVENTS),
                         *js_consumer_with_dlq(subjects.METRICS_DEAD_LETTERS)],
             # tide.api.weights.<tenant>: a tenant's weights, only the families and history of its own jobs
-            "subscribe": [subjects.EVENTS_ALL, subjects.TELEMETRY_ALL, subjects.API_WEIGHTS,
+            "subscribe": [subjects.EVENTS_ALL, subjects.EVENT_DIGEST, subjects.TELEMETRY_ALL, subjects.API_WEIGHTS,
                           subjects.API_WEIGHTS_TENANTS, f"{service_inbox_prefix('metrics')}.>"],
         },
         # people and scripts: submit, cancel, ask, watch
