@@ -487,7 +487,8 @@ class PlacerService:
                 continue
             pending.append(record)
         nodes, cluster, running = await self.view.refresh(pending_ids, (nodes_version, set(claim_keys)))
-        self._extras_wanted = any(r.state == JobState.RUNNING and missing_extras(r) for r, _ in running.values())
+        self._extras_wanted = any(r.spec.spec.elastic and r.state == JobState.RUNNING and missing_extras(r)
+                                  for r, _ in running.values())
         if not nodes:
             return
         state = CycleState(

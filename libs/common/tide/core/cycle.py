@@ -201,7 +201,7 @@ def _place_extras(ctx: CycleContext) -> None:
             bind.placements.extend(_extras_for(ctx, bind.record, bind.feedback))
     bound = {b.record.job_id for b in ctx.plan.binds}
     growing = [r for r, _ in ctx.running.values()
-               if r.job_id not in bound and r.state == JobState.RUNNING and r.spec.spec.elastic
+               if r.spec.spec.elastic and r.job_id not in bound and r.state == JobState.RUNNING
                and not r.cancel_requested and not _gang_done(r)]
     growing.sort(key=lambda r: (-PRIORITY_VALUES[r.spec.metadata.priority_class], r.started_at or 0.0, r.job_id))
     for record in growing:

@@ -102,6 +102,8 @@ def missing_extras(record: JobRecord) -> list[int]:
     """The elastic extra pods (indices minMember..replicas-1) of a job that want placement: not placed,
     not running, not done."""
     body = record.spec.spec
+    if body.replicas <= body.gang_size:  # not elastic: no extras (every cycle asks this of every running job)
+        return []
     pods = {p.index: p for p in record.pods}
     out = []
     for i in range(body.gang_size, body.replicas):
