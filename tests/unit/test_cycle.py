@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
+import weakref
 from datetime import datetime
 
 import pytest
@@ -345,3 +347,19 @@ def test_job_demand_is_remembered_per_spec_and_handed_out_as_a_copy() -> None:
     assert job_demand(again) == job_demand(one.spec)
     bigger = one.spec.model_copy(update={"spec": one.spec.spec.model_copy(update={"replicas": 4, "min_member": 4})})
     assert job_demand(bigger)["gpu"] == 8.0
+
+
+def test_the_demand_memo_holds_no_spec_alive() -> None:
+    """A finished job's spec goes with its record: the memo forgets it (it held every spec it saw, up to 65,536,
+    which the placer's garbage collector scanned on every full collection)."""
+    from tide.core import job_placement
+
+    before = len(job_placement._demand_memo)
+    specs = [record(f"gone-{i}", 1).spec for i in range(50)]
+    refs = [weakref.ref(s) for s in specs]
+    assert all(job_demand(s)["gpu"] == 1.0 for s in specs)
+    assert len(job_placement._demand_memo) == before + 50
+    del specs
+    gc.collect()
+    assert all(r() is None for r in refs), "the memo keeps specs alive"
+    assert len(job_placement._demand_memo) == before

@@ -9,8 +9,10 @@ them stick.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -218,24 +220,30 @@ def earmark(cluster: Cluster, spec: JobSpec) -> list[str]:
     return chosen
 
 
-DEMAND_MEMO_SIZE = 1 << 16
-_demand_memo: dict[int, tuple[JobSpec, dict[str, float]]] = {}
+_demand_memo: dict[int, tuple[weakref.ref[JobSpec], dict[str, float]]] = {}
 
 
 def job_demand(spec: JobSpec) -> dict[str, float]:
     """What the whole gang holds, in the queues' units: GPUs (shares and MIG as fractions), mCPU, MiB.
 
     Every cycle asks it of every running and pending job, whose specs are parsed once and never changed
-    in place: the answer is remembered per spec object (its identity, checked, so a reused id never hits)
-    and a fresh copy handed out."""
-    memo = _demand_memo.get(id(spec))
-    if memo is not None and memo[0] is spec:
+    in place: the answer is remembered per spec object while the spec lives (a weak reference, checked, so a
+    reused id never hits, and the memo holds no spec alive: a finished job's spec goes with its record) and a
+    fresh copy handed out."""
+    key = id(spec)
+    memo = _demand_memo.get(key)
+    if memo is not None and memo[0]() is spec:
         return dict(memo[1])
     demand = _job_demand(spec)
-    if len(_demand_memo) >= DEMAND_MEMO_SIZE:
-        _demand_memo.clear()
-    _demand_memo[id(spec)] = (spec, demand)
+    _demand_memo[key] = (weakref.ref(spec, partial(_forget_demand, key)), demand)
     return dict(demand)
+
+
+def _forget_demand(key: int, ref: weakref.ref[JobSpec]) -> None:
+    """The spec behind ``key`` is gone: drop its entry (unless a newer spec at the same address took it)."""
+    memo = _demand_memo.get(key)
+    if memo is not None and memo[0] is ref:
+        del _demand_memo[key]
 
 
 def _job_demand(spec: JobSpec) -> dict[str, float]:
