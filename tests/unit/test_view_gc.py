@@ -48,3 +48,32 @@ async def test_node_descriptions_are_frozen_once_the_node_set_holds_still(
         assert {n.node_id for n in view.nodes} == {"n0", "n1"}
     finally:
         gc.unfreeze()
+
+
+async def test_a_periodic_resync_builds_on_the_descriptions_it_has_and_a_registration_reads_them_again(
+        redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    claims = ClaimStore(redis)
+    view = ClusterView(redis, claims, resync_s=0.05)
+    reads: list[int] = []
+    node_raws = claims.node_raws
+
+    async def counted() -> dict[str, str]:
+        reads.append(1)
+        return await node_raws()
+
+    monkeypatch.setattr(claims, "node_raws", counted)
+    monkeypatch.setattr(view_module, "freeze_long_lived", lambda: None)
+    await claims.set_capacity(default_h100_node("n0"))
+    _, cluster, _ = await view.refresh([])
+    assert len(reads) == 1 and cluster.num_nodes == 1
+    before = cluster.copy()
+    time.sleep(0.06)
+    _, cluster, _ = await view.refresh([])
+    assert len(reads) == 1, "the same nodes version: descriptions not read again"
+    assert cluster is not before and (cluster.milli_free == before.milli_free).all()
+    await claims.set_capacity(default_h100_node("n1"))
+    _, cluster, _ = await view.refresh([])
+    assert len(reads) == 2 and cluster.num_nodes == 2
+    view.invalidate()
+    await view.refresh([])
+    assert len(reads) == 3, "a view told it is stale reads everything"

@@ -58,6 +58,7 @@ class ClusterView:
         self.nodes: list[NodeDescription] = []
         self.by_id: dict[str, NodeDescription] = {}
         self.cluster = Cluster.from_descriptions([])
+        self._empty: Cluster | None = None  # ``cluster`` without claims, for the nodes version last read
         self.allocs: dict[str, Allocation] = {}  # claim key -> allocation applied to ``cluster``
         self._owner: dict[str, tuple[str, str]] = {}  # claim key of ``allocs`` -> (job, pod), parsed once
         self.known: dict[str, Known] = {}  # job id -> its record as last read or written
@@ -118,7 +119,7 @@ class ClusterView:
         if self._stale or not fresh or version != self._nodes_version:
             nodes_held_still = version == self._nodes_version  # for a whole resync period
             self._nodes_version = version
-            await self._rebuild(claim_keys)
+            await self._rebuild(claim_keys, read_nodes=self._stale or not nodes_held_still)
             if nodes_held_still and version != self._frozen_version:
                 # The node descriptions (1,000 nodes: ~110,000 objects) live until the next registration: left
                 # out of the garbage collector's full passes, which walked them all every few seconds.
@@ -144,10 +145,16 @@ class ClusterView:
         self._node_raw = parsed
         return out
 
-    async def _rebuild(self, claim_keys: set[str]) -> None:
-        self.nodes = await self._read_nodes()
-        self.by_id = {n.node_id: n for n in self.nodes}
-        self.cluster = Cluster.from_descriptions(self.nodes)
+    async def _rebuild(self, claim_keys: set[str], read_nodes: bool = True) -> None:
+        """The cluster from scratch: every claim applied again to the registered nodes. ``read_nodes=False``
+        (a periodic resync with the nodes version unchanged: descriptions are written only with a new version)
+        starts from the empty cluster of the descriptions already read instead of reading and building them
+        again (1,000 nodes: ~40 ms of the event loop every resync)."""
+        if read_nodes or self._empty is None:
+            self.nodes = await self._read_nodes()
+            self.by_id = {n.node_id: n for n in self.nodes}
+            self._empty = Cluster.from_descriptions(self.nodes)
+        self.cluster = self._empty.copy()
         self.allocs = {}
         self._owner = {}
         await self._add(sorted(claim_keys))
