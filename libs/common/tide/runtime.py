@@ -36,6 +36,7 @@ async def _main(name: str, settings: Settings, factory: Callable[[Settings], Ser
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     service = factory(settings)
+    gc.set_threshold(*GC_THRESHOLDS)
     await service.start()
     freeze_long_lived()
     if settings.ready_file is not None:
@@ -48,6 +49,14 @@ async def _main(name: str, settings: Settings, factory: Callable[[Settings], Ser
         log.info("service_stopping")
         await service.close()
         log.info("service_stopped")
+
+
+GC_THRESHOLDS = (700, 10, 100)
+"""The cyclic garbage collector's thresholds in every service: CPython's defaults but a full collection after 100
+collections of the middle generation instead of 10. A full pass walks every live object (at 400 jobs/s the
+placer holds ~100,000 for its jobs in flight) and found nothing to free; with the default it ran ~every 1.5 s for
+50-180 ms, stalling the event loop (22 in a 35 s run; 4 with this setting, at most 60 ms). Garbage in reference
+cycles is still collected, only later."""
 
 
 def freeze_long_lived() -> None:
