@@ -52,16 +52,16 @@ async def test_progress_events_reach_metrics_in_one_digest_and_terminal_ones_onl
 
     await nc.subscribe(subjects.job_events("*"), cb=on_event)
     await svc.start()
-    events = EventPublisher(js, nc, window_s=0.05)
+    events = EventPublisher(js, nc, window_s=1.0)  # longer than the eight publishes take, even on a loaded box
     try:
         for job_id in ("a", "b"):
             for kind in ("queued", "placed", "running", "succeeded"):
                 await events.publish(record(job_id), kind)
-        for _ in range(100):
+        for _ in range(250):
             if svc._events.delivered >= 1 and {"a", "b"} <= svc.timelines.keys():
                 break
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)  # a second digest would have come by now
+        await asyncio.sleep(1.2)  # a second digest would have come by now (one window)
         assert len(stored) == 8, "every event, terminal ones included, is on its own subject for users"
         assert svc._events.delivered == 1, "eight events, six of them progress: one digest"
         assert [(e.job_id, e.kind) for e in digests[0].events] == [
