@@ -21,33 +21,6 @@ DIGEST_MAX_EVENTS = 500
 """A digest goes at once when it holds this many (a few hundred bytes each: far below NATS' 1 MiB payload)."""
 
 
-def job_event_of(
-    record: JobRecord,
-    kind: str,
-    *,
-    reason: str | None = None,
-    pod: str | None = None,
-    node: str | None = None,
-    exit_code: int | None = None,
-    wait_s: float | None = None,
-    state: JobState | None = None,
-) -> JobEvent:
-    """The event ``kind`` of ``record``; its id makes redeliveries de-duplicate (one per job, kind, attempt, pod)."""
-    return JobEvent(
-        event_id=f"{record.job_id}.{kind}.{record.attempts}.{pod or ''}",
-        job_id=record.job_id,
-        kind=kind,
-        state=state or record.state,
-        reason=record.reason if reason is None else reason,
-        pod=pod,
-        node=node,
-        exit_code=exit_code,
-        queue=record.spec.metadata.queue,
-        priority_class=record.spec.metadata.priority_class.value,
-        wait_s=wait_s,
-    )
-
-
 class EventPublisher:
     """Publishes job events on ``tide.events.job.<id>.<kind>`` (JetStream, each acknowledged: what users follow),
     and gathers the progress kinds into one digest for the metrics service (``subjects.EVENT_DIGEST``, core
@@ -73,8 +46,21 @@ class EventPublisher:
         wait_s: float | None = None,
         state: JobState | None = None,
     ) -> None:
-        event = job_event_of(record, kind, reason=reason, pod=pod, node=node, exit_code=exit_code, wait_s=wait_s,
-                             state=state)
+        """Publish the event ``kind`` of ``record``; its id makes redeliveries de-duplicate (one per job, kind,
+        attempt, pod)."""
+        event = JobEvent(
+            event_id=f"{record.job_id}.{kind}.{record.attempts}.{pod or ''}",
+            job_id=record.job_id,
+            kind=kind,
+            state=state or record.state,
+            reason=record.reason if reason is None else reason,
+            pod=pod,
+            node=node,
+            exit_code=exit_code,
+            queue=record.spec.metadata.queue,
+            priority_class=record.spec.metadata.priority_class.value,
+            wait_s=wait_s,
+        )
         await publish(self.js, job_event(record.job_id, kind), event)
         if kind in subjects.PROGRESS_EVENT_KINDS:
             self._pending.append(event)

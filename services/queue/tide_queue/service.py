@@ -58,10 +58,10 @@ _NODE_ID = re.compile(NODE_ID_PATTERN)
 class Kicker:
     """Kicks of the placer (core NATS, ``subjects.PLACER_KICK``) after a cancel or a new queue config (a new job's
     kick is its ``queued`` event, which the placer follows), coalesced: a kick when none went out in the last
-    ``window_s`` goes at once; those asked for within the window become one kick at its end. A lone job is placed
-    as soon as before; submissions closer together than the window (a burst) share kicks, one per window instead
-    of one each (``TIDE_QUEUE_KICK_WINDOW_S``: a job waits at most that long for its kick). A kick is only a hint
-    (the placer also plans every ``placer_tick_s``): one lost with a crashing queue delays placement by a tick."""
+    ``window_s`` goes at once; those asked for within the window become one kick at its end, so cancellations
+    closer together than the window (a burst) share kicks, one per window instead of one each
+    (``TIDE_QUEUE_KICK_WINDOW_S``: a cancel waits at most that long for its kick). A kick is only a hint (the
+    placer also plans every ``placer_tick_s``): one lost with a crashing queue delays the stop by a tick."""
 
     def __init__(self, send: Callable[[], Awaitable[None]], window_s: float) -> None:
         self.send = send

@@ -279,7 +279,6 @@ async def _unsubscribe(sub: Any) -> None:
             await sub.unsubscribe()
         except Exception:  # noqa: BLE001 - the connection is gone: so is the subscription
             pass
-    return None
 
 
 UNKEYED = ""  # like the queue's messages that name no job: one at a time

@@ -107,7 +107,7 @@ class Row:
 
 def event_attempt(e: JobEvent) -> int | None:
     """The job attempt an event belongs to, from its id (``<job>.<kind>.<attempt>.<pod>``, see
-    ``tide.events.job_event_of``); None for ids of another shape."""
+    ``tide.events.EventPublisher.publish``); None for ids of another shape."""
     parts = e.event_id.split(".")
     if len(parts) >= 3 and parts[0] == e.job_id and parts[1] == e.kind and parts[2].isdigit():
         return int(parts[2])
