@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
 
+import nats
 import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from tide import subjects
-from tide.bus.nats import publish
+from tide.bus.nats import BATCH_DISABLED, BATCH_MAX, BatchRefused, publish, publish_batch
 from tide.schemas.events import JobEvent, JobEventDigest, JobRecord, JobState
 from tide.subjects import job_event
+from tide.tracing import trace_headers
 
 log = structlog.get_logger()
 
@@ -21,18 +26,36 @@ DIGEST_MAX_EVENTS = 500
 """A digest goes at once when it holds this many (a few hundred bytes each: far below NATS' 1 MiB payload)."""
 
 
+@dataclass
+class _Unstored:
+    """An event on its way to JetStream, and the future its publisher awaits."""
+
+    subject: str
+    event: JobEvent
+    headers: dict[str, str]
+    stored: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
 class EventPublisher:
-    """Publishes job events on ``tide.events.job.<id>.<kind>`` (JetStream, each acknowledged: what users follow),
-    and gathers the progress kinds into one digest for the metrics service (``subjects.EVENT_DIGEST``, core
-    NATS) every ``window_s``: one message per digest where a plain subscription per kind cost metrics one
-    delivery per event. The terminal kinds are not digested: metrics takes them through its durable consumer
-    (the feedback loop acts on them). An event joins the digest only once JetStream has stored it."""
+    """Publishes job events on ``tide.events.job.<id>.<kind>`` (JetStream: what users follow), and gathers the
+    progress kinds into one digest for the metrics service (``subjects.EVENT_DIGEST``, core NATS) every
+    ``window_s``: one message per digest where a plain subscription per kind cost metrics one delivery per
+    event. The terminal kinds are not digested: metrics takes them through its durable consumer (the feedback
+    loop acts on them). An event joins the digest only once JetStream has stored it.
+
+    The events published in one turn of the event loop (a placement cycle's, a batch of submissions', a status
+    batch's) go to JetStream as one atomic batch (``tide.bus.nats.publish_batch``): one publish ack for all of
+    them where each cost its own. ``publish`` still returns only once its event is stored. A batch the server
+    refuses (an event stored before: a redelivered handler publishing again) or does not answer is sent again
+    one event at a time, each with its id, so the server stores what it lacks and drops the duplicates."""
 
     def __init__(self, js: JetStreamContext, nc: NATS, *, window_s: float = DIGEST_WINDOW_S) -> None:
         self.js, self.nc, self.window_s = js, nc, window_s
         self._pending: list[JobEvent] = []
         self._timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task[None]] = set()
+        self._unstored: list[_Unstored] = []
+        self._atomic = True  # off once the server says the stream does not take atomic batches
 
     async def publish(
         self,
@@ -61,13 +84,65 @@ class EventPublisher:
             priority_class=record.spec.metadata.priority_class.value,
             wait_s=wait_s,
         )
-        await publish(self.js, job_event(record.job_id, kind), event)
+        await self._store(job_event(record.job_id, kind), event)
         if kind in subjects.PROGRESS_EVENT_KINDS:
             self._pending.append(event)
             if len(self._pending) >= DIGEST_MAX_EVENTS:
                 self._send()
             elif self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(self.window_s, self._send)
+
+    async def _store(self, subject: str, event: JobEvent) -> None:
+        """Hand ``event`` to this turn's batch; return once JetStream stored it."""
+        unstored = _Unstored(subject, event, trace_headers({"Nats-Msg-Id": event.event_id}) or {})
+        if not self._unstored:
+            asyncio.get_running_loop().call_soon(self._send_unstored)
+        self._unstored.append(unstored)
+        await unstored.stored
+
+    def _send_unstored(self) -> None:
+        unstored, self._unstored = self._unstored, []
+        for start in range(0, len(unstored), BATCH_MAX):
+            self._spawn(self._store_batch(unstored[start:start + BATCH_MAX]))
+
+    async def _store_batch(self, batch: list[_Unstored]) -> None:
+        try:
+            if len(batch) == 1 or not self._atomic:
+                await self._store_one_by_one(batch)
+                return
+            try:
+                await publish_batch(self.nc, [(u.subject, u.event.to_bytes(), u.headers) for u in batch])
+            except (BatchRefused, nats.errors.Error) as exc:
+                if isinstance(exc, BatchRefused) and exc.err_code == BATCH_DISABLED:
+                    self._atomic = False
+                log.info("event_batch_sent_one_by_one", events=len(batch), reason=repr(exc))
+                await self._store_one_by_one(batch)
+                return
+            for u in batch:
+                if not u.stored.done():
+                    u.stored.set_result(None)
+        except BaseException as exc:  # each publisher hears of it (a cancellation at shutdown goes on up)
+            for u in batch:
+                if not u.stored.done():
+                    u.stored.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _store_one_by_one(self, batch: list[_Unstored]) -> None:
+        results = await asyncio.gather(*[publish(self.js, u.subject, u.event, headers=u.headers) for u in batch],
+                                       return_exceptions=True)
+        for u, result in zip(batch, results, strict=True):
+            if u.stored.done():
+                continue
+            if isinstance(result, BaseException):
+                u.stored.set_exception(result)
+            else:
+                u.stored.set_result(None)
+
+    def _spawn(self, step: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(step)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     def _send(self) -> None:
         if self._timer is not None:
@@ -76,9 +151,7 @@ class EventPublisher:
         if not self._pending:
             return
         digest, self._pending = JobEventDigest(events=self._pending), []
-        task = asyncio.get_running_loop().create_task(self._publish_digest(digest))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._spawn(self._publish_digest(digest))
 
     async def _publish_digest(self, digest: JobEventDigest) -> None:
         try:
@@ -88,6 +161,7 @@ class EventPublisher:
 
     async def flush(self) -> None:
         """Send what is gathered now (before the connection closes)."""
+        self._send_unstored()
         self._send()
         if self._sending:
             await asyncio.wait(set(self._sending))
