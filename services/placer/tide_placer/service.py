@@ -208,6 +208,8 @@ class PlacerService:
         self._release_batch: Batcher[str, None] = Batcher(self._release_claims)
         await self._load_node_leases()
         await self.nc.subscribe(subjects.PLACER_KICK, cb=self._on_kick)
+        # a job's 'queued' event (published once the job is pending in Redis) is its kick: no message of its own
+        await self.nc.subscribe(subjects.job_event("*", "queued"), cb=self._on_kick)
         await self.nc.subscribe(subjects.API_NODES, cb=self._api_nodes)
         await self.nc.subscribe(subjects.TELEMETRY_ALL, cb=self._on_telemetry)
         await self._lease_step()  # a lone placer leads from its first cycle

@@ -56,12 +56,12 @@ _NODE_ID = re.compile(NODE_ID_PATTERN)
 
 
 class Kicker:
-    """Kicks of the placer (core NATS, ``subjects.PLACER_KICK``) after a cancel or a new queue config (new jobs
-    have their own, one per turn of the event loop: ``QueueService._kick_for_submissions``), coalesced: a kick
-    when none went out in the last ``window_s`` goes at once; those asked for within the window become one kick at
-    its end, so cancellations closer together than the window (a burst) share kicks, one per window instead of
-    one each (``TIDE_QUEUE_KICK_WINDOW_S``: a cancel waits at most that long for its kick). A kick is only a hint
-    (the placer also plans every ``placer_tick_s``): one lost with a crashing queue delays the stop by a tick."""
+    """Kicks of the placer (core NATS, ``subjects.PLACER_KICK``) after a cancel or a new queue config (a new job's
+    kick is its ``queued`` event, which the placer follows), coalesced: a kick when none went out in the last
+    ``window_s`` goes at once; those asked for within the window become one kick at its end, so cancellations
+    closer together than the window (a burst) share kicks, one per window instead of one each
+    (``TIDE_QUEUE_KICK_WINDOW_S``: a cancel waits at most that long for its kick). A kick is only a hint (the
+    placer also plans every ``placer_tick_s``): one lost with a crashing queue delays the stop by a tick."""
 
     def __init__(self, send: Callable[[], Awaitable[None]], window_s: float) -> None:
         self.send = send
@@ -103,8 +103,6 @@ class QueueService:
         self._tenants_mtime: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.kicker = Kicker(self._send_kick, settings.queue_kick_window_s)
-        self._submissions_kick_due = False
-        self.submission_kicks = 0
 
     async def _send_kick(self) -> None:
         await self.nc.publish(subjects.PLACER_KICK, b"kick")
@@ -250,27 +248,7 @@ class QueueService:
                 return
         else:
             log.info("job_queued", job_id=job_id, queue=sub.spec.metadata.queue, pods=gang, tenant=owner)
-        await self.events.publish(record, "queued", reason="")
-        self._kick_for_submissions()
-
-    def _kick_for_submissions(self) -> None:
-        """One kick for the submissions queued in this turn of the event loop: a batch of them, whose queued
-        events were stored together, costs the placer one message instead of one each. Not windowed like the
-        ``Kicker`` (a new job is placed at once), and sent once the jobs are pending in Redis."""
-        if not self._submissions_kick_due:
-            self._submissions_kick_due = True
-            asyncio.get_running_loop().call_soon(self._send_submissions_kick)
-
-    def _send_submissions_kick(self) -> None:
-        self._submissions_kick_due = False
-        self.submission_kicks += 1
-        self._spawn(self._send_kick_or_warn())
-
-    async def _send_kick_or_warn(self) -> None:
-        try:
-            await self._send_kick()
-        except Exception as exc:  # noqa: BLE001 - NATS away: the placer's tick plans anyway
-            log.warning("placer_kick_failed", error=repr(exc))
+        await self.events.publish(record, "queued", reason="")  # the placer's kick (it follows 'queued')
 
     async def _on_cancel(self, msg: Msg, owner: str | None = None) -> None:
         try:

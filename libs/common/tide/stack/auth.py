@@ -71,7 +71,7 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
         "placer": {
             "publish": [subjects.EVENTS_ALL, subjects.EVENT_DIGEST, "tide.node.*.cmd", *js_stream_lookup(),
                         *js_consumer_with_dlq(subjects.PLACER_NODE_STATUS)],
-            "subscribe": [subjects.PLACER_KICK, subjects.API_NODES,
+            "subscribe": [subjects.PLACER_KICK, subjects.job_event("*", "queued"), subjects.API_NODES,
                           subjects.TELEMETRY_ALL, subjects.PLACER_WEIGHTS, f"{service_inbox_prefix('placer')}.>"],
         },
         "metrics": {
