@@ -487,8 +487,10 @@ class PlacerService:
                 continue
             pending.append(record)
         nodes, cluster, running = await self.view.refresh(pending_ids, (nodes_version, set(claim_keys)))
-        self._extras_wanted = any(r.spec.spec.elastic and r.state == JobState.RUNNING and missing_extras(r)
-                                  for r, _ in running.values())
+        # the running elastic jobs, found once: only they have extras to place, hold or stop (three scans of
+        # every running job per cycle, where most jobs are not elastic)
+        elastic = {job_id: held for job_id, held in running.items() if held[0].spec.spec.elastic}
+        self._extras_wanted = any(r.state == JobState.RUNNING and missing_extras(r) for r, _ in elastic.values())
         if not nodes:
             return
         state = CycleState(
@@ -504,9 +506,9 @@ class PlacerService:
             wall=wall_clock(self.settings.clock_file),
             min_runtime_s=self.settings.min_runtime_s,
             preemption_timeout_s=self.settings.preemption_timeout_s,
-            extra_allocs=self.view.extra_allocs(running),
+            extra_allocs=self.view.extra_allocs(elastic),
         )
-        await self._resend_extra_stops(running)
+        await self._resend_extra_stops(elastic)
         plan = plan_cycle(state, self.placer)
         self.metrics.observe_plan(state, plan)
         if self.settings.decision_log is not None and (plan.binds or plan.grows):
@@ -621,11 +623,12 @@ class PlacerService:
             await self._pod_exited(PodExited(node_id=node, job_id=job_id, pod=agent_pod_id(pod, token),
                                              exit_code=None, reason=ExitReason.STOPPED, message=err))
 
-    async def _resend_extra_stops(self, running: dict[str, tuple[JobRecord, list[Allocation]]]) -> None:
+    async def _resend_extra_stops(self, elastic: dict[str, tuple[JobRecord, list[Allocation]]]) -> None:
         """Extras marked stopping whose stop was not sent by this placer lately (it restarted, the agent
-        missed it) are told again, so a pod-level preemption survives a placer restart."""
+        missed it) are told again, so a pod-level preemption survives a placer restart. ``elastic``: the running
+        elastic jobs (only their pods beyond ``minMember`` are ever marked stopping: ``preempt_pods``)."""
         now = time.monotonic()
-        for record, _ in running.values():
+        for record, _ in elastic.values():
             for p in record.pods:
                 key = f"{record.job_id}/{p.name}"
                 if not (p.stopping and p.node and p.state not in POD_DONE_STATES):
@@ -1249,7 +1252,7 @@ class PlacerService:
             self._fence_swept_at = now
             nodes = set(self.reported)
         else:
-            nodes = self._fence_dirty & set(self.reported)
+            nodes = {n for n in self._fence_dirty if n in self.reported}  # not a set of every node per cycle
         self._fence_dirty -= nodes
         for node_id in sorted(nodes):
             await self._fence_node(node_id, self.reported[node_id])

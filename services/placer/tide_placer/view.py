@@ -198,7 +198,8 @@ class ClusterView:
         return found
 
     def extra_allocs(self, running: Running) -> dict[str, dict[int, Allocation]]:
-        """job -> pod index -> allocation of each elastic extra pod (index >= minMember) holding a claim."""
+        """job -> pod index -> allocation of each elastic extra pod (index >= minMember) holding a claim
+        (``running``: the running jobs, or only the elastic ones)."""
         out: dict[str, dict[int, Allocation]] = {}
         if not any(record.spec.spec.elastic for record, _ in running.values()):
             return out
