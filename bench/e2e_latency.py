@@ -240,6 +240,10 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         "sustained_placed_per_s": round(len(placed) / max(last - start, 1e-9), 1),
         "submit_to_placed_ms": {"p50": round(pct(to_placed, 0.5), 1), "p99": round(pct(to_placed, 0.99), 1)},
         "submit_to_running_ms": {"p50": round(pct(to_running, 0.5), 1), "p99": round(pct(to_running, 0.99), 1)},
+        # the tail's shape: jobs placed later than 50 ms after submission, and how many distinct 250 ms windows of
+        # submission they fall in (few windows: stalls of the stack; as many as jobs: a slow path for some jobs)
+        "placed_over_50ms": len(slow := [j for j in placed if placed[j] - submitted[j] > 0.05]),
+        "placed_over_50ms_windows": len({int((submitted[j] - start) / 0.25) for j in slow}),
         "window_s": round(wall, 1),
         # NATS messages per job from the server's counters (in + out), without the observer's own traffic
         "nats_msgs_per_job": round(stack_msgs / done, 1),

@@ -51,9 +51,10 @@ class EventPublisher:
 
     The events published in one turn of the event loop (a placement cycle's, a batch of submissions', a status
     batch's) go to JetStream as one atomic batch (``tide.bus.nats.publish_batch``) when they are at least
-    ``ATOMIC_MIN``: one publish ack for all of them where each cost its own. ``publish`` still returns only once its event is stored. A batch the server
-    refuses (an event stored before: a redelivered handler publishing again) or does not answer is sent again
-    one event at a time, each with its id, so the server stores what it lacks and drops the duplicates."""
+    ``ATOMIC_MIN``: one publish ack for all of them where each cost its own. ``publish`` still returns only once
+    its event is stored. A batch the server refuses (an event stored before: a redelivered handler publishing
+    again) or does not answer is sent again one event at a time, each with its id, so the server stores what it
+    lacks and drops the duplicates."""
 
     def __init__(self, js: JetStreamContext, nc: NATS, *, window_s: float = DIGEST_WINDOW_S) -> None:
         self.js, self.nc, self.window_s = js, nc, window_s
