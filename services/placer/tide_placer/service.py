@@ -489,7 +489,7 @@ class PlacerService:
         nodes, cluster, running = await self.view.refresh(pending_ids, (nodes_version, set(claim_keys)))
         # the running elastic jobs, found once: only they have extras to place, hold or stop (three scans of
         # every running job per cycle, where most jobs are not elastic)
-        elastic = {job_id: held for job_id, held in running.items() if held[0].spec.spec.elastic}
+        elastic = self.view.elastic(running)
         self._extras_wanted = any(r.state == JobState.RUNNING and missing_extras(r) for r, _ in elastic.values())
         if not nodes:
             return

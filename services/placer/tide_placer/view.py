@@ -62,6 +62,8 @@ class ClusterView:
         self.allocs: dict[str, Allocation] = {}  # claim key -> allocation applied to ``cluster``
         self._owner: dict[str, tuple[str, str]] = {}  # claim key of ``allocs`` -> (job, pod), parsed once
         self.known: dict[str, Known] = {}  # job id -> its record as last read or written
+        self.elastic_ids: set[str] = set()  # the jobs of ``known`` whose spec is elastic (few, if any)
+        self._by_job: dict[str, list[Allocation]] | None = None  # ``allocs`` grouped by job, until they change
         self._node_raw: dict[str, tuple[str, NodeDescription | None]] = {}
         self._nodes_version: str | None = None  # keys.NODES_VERSION when the nodes were last read
         self._frozen_version: str | None = None  # the nodes version whose descriptions were left out of the GC
@@ -78,7 +80,19 @@ class ClusterView:
 
     def remember(self, record: JobRecord, raw: str) -> None:
         """Keep a record this placer just wrote (saves reading it back)."""
-        self.known[record.job_id] = Known(raw, record, time.monotonic())
+        self._keep(Known(raw, record, time.monotonic()))
+
+    def _keep(self, known: Known) -> None:
+        job_id = known.record.job_id
+        self.known[job_id] = known
+        if known.record.spec.spec.elastic:
+            self.elastic_ids.add(job_id)
+        else:
+            self.elastic_ids.discard(job_id)
+
+    def _drop(self, job_id: str) -> None:
+        self.known.pop(job_id, None)
+        self.elastic_ids.discard(job_id)
 
     def record(self, job_id: str) -> JobRecord | None:
         known = self.known.get(job_id)
@@ -93,15 +107,15 @@ class ClusterView:
         if stale:
             for job_id, raw in zip(stale, await self.redis.mget([keys.job(j) for j in stale]), strict=True):
                 if raw:
-                    self.known[job_id] = Known(raw, JobRecord.model_validate_json(raw), now)
+                    self._keep(Known(raw, JobRecord.model_validate_json(raw), now))
                 else:
-                    self.known.pop(job_id, None)
+                    self._drop(job_id)
         return [k.record if (k := self.known.get(j)) is not None else None for j in job_ids]
 
     def forget_except(self, job_ids: set[str]) -> None:
         """Drop kept records of jobs neither pending nor holding claims (a bounded cache)."""
         for job_id in [j for j in self.known if j not in job_ids]:
-            del self.known[job_id]
+            self._drop(job_id)
 
     # ------------------------------------------------------------ the cluster
     async def refresh(self, pending_ids: list[str], read: tuple[str | None, set[str]] | None = None
@@ -157,6 +171,7 @@ class ClusterView:
         self.cluster = self._empty.copy()
         self.allocs = {}
         self._owner = {}
+        self._by_job = None
         await self._add(sorted(claim_keys))
         self._built, self._stale = time.monotonic(), False
 
@@ -164,6 +179,7 @@ class ClusterView:
         for key in set(self.allocs) - claim_keys:
             alloc = self.allocs.pop(key)
             self._owner.pop(key, None)
+            self._by_job = None
             try:
                 self.cluster.release(alloc)
             except OversubscriptionError:
@@ -189,6 +205,7 @@ class ClusterView:
                 log.warning("claim_replay_failed", claim=key, error=str(exc))
                 continue
             self.allocs[key] = alloc
+            self._by_job = None
 
     def owner(self, key: str) -> tuple[str, str]:
         """(job, pod) of a claim key of ``allocs`` (parsed once while it is held)."""
@@ -213,10 +230,20 @@ class ClusterView:
                 out.setdefault(job_id, {})[int(index)] = alloc
         return out
 
+    def elastic(self, running: Running) -> Running:
+        """The elastic jobs among ``running`` (found through ``elastic_ids``, not a scan of every job)."""
+        return {job_id: running[job_id] for job_id in self.elastic_ids if job_id in running}
+
     async def _running(self) -> Running:
-        by_job: dict[str, list[Allocation]] = {}
-        for key, alloc in self.allocs.items():
-            by_job.setdefault(self.owner(key)[0], []).append(alloc)
+        """Every job holding claims, with its record and allocations; the grouping is kept until a claim comes
+        or goes (most cycles at a steady load change a few of hundreds)."""
+        by_job = self._by_job
+        if by_job is None:
+            by_job = {}
+            for key, alloc in self.allocs.items():
+                by_job.setdefault(self.owner(key)[0], []).append(alloc)
+            self._by_job = by_job
         job_ids = list(by_job)
         records = await self.records(job_ids)
-        return {j: (r, by_job[j]) for j, r in zip(job_ids, records, strict=True) if r is not None}
+        # each cycle its own lists: the planner may change a job's (a preempted extra leaves it, preempt.py)
+        return {j: (r, list(by_job[j])) for j, r in zip(job_ids, records, strict=True) if r is not None}

@@ -1,0 +1,71 @@
+"""The placer view's running set follows the claims as they come and go although it keeps its grouping of claims
+by job between cycles, hands each cycle lists of its own, and finds the elastic jobs through an index of the
+records it keeps (``ClusterView._running``, ``ClusterView.elastic``; issue 17: whole scans of the running jobs every
+cycle)."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+from tide.core import Allocation
+from tide.schemas.events import JobRecord, JobState, PodRecord
+from tide.schemas.job import JobSpec
+from tide.store import keys
+from tide.store.claims import ClaimItem, ClaimStore, PodClaim
+from tide_placer import view as view_module
+from tide_placer.view import ClusterView
+
+from tests.helpers import job, small_node
+
+
+def claim(job_id: str, index: int, node: str, gpu: int) -> PodClaim:
+    alloc = Allocation(node_id=node, gpu_indices=(gpu,), gpu_milli=(1000,), gpu_mem_mib=(81920,), cpu_milli=1000)
+    return PodClaim(job_id, f"{job_id}-{index}", (ClaimItem(node, f"g{gpu}.milli", 1000),
+                                                 ClaimItem(node, "cpu", 1000)), alloc.to_dict())
+
+
+async def store_record(redis: Redis, job_id: str, replicas: int = 1, min_member: int | None = None) -> None:
+    body = job(job_id, ["sleep", "30"], gpu=1)
+    body["spec"]["replicas"] = replicas
+    if min_member is not None:
+        body["spec"]["minMember"] = min_member
+    record = JobRecord(job_id=job_id, spec=JobSpec.model_validate(body), submitted_at=0.0, updated_at=0.0,
+                       state=JobState.RUNNING, pods=[PodRecord(name=f"{job_id}-{i}", index=i) for i in range(replicas)])
+    await redis.set(keys.job(job_id), record.to_json())
+
+
+async def test_the_running_set_follows_claims_and_elastic_jobs_are_found_by_index(
+        redis: Redis, monkeypatch) -> None:
+    monkeypatch.setattr(view_module, "freeze_long_lived", lambda: None)
+    claims = ClaimStore(redis)
+    for n in ("n0", "n1"):
+        await claims.set_capacity(small_node(n, gpus=2))
+    await store_record(redis, "a", replicas=2)
+    await store_record(redis, "el", replicas=2, min_member=1)  # one pod beyond its gang: elastic
+    assert (await claims.claim([claim("a", 0, "n0", 0), claim("a", 1, "n1", 0)]))[0]
+    assert (await claims.claim([claim("el", 0, "n0", 1)]))[0]
+    view = ClusterView(redis, claims, resync_s=60.0)
+
+    _, cluster, running = await view.refresh([])
+    assert {j: len(allocs) for j, (_, allocs) in running.items()} == {"a": 2, "el": 1}
+    assert set(view.elastic(running)) == {"el"}
+    running["a"][1].clear()  # a planner changing its cycle's lists (preempt.py drops a preempted extra)
+
+    await store_record(redis, "b")
+    assert (await claims.claim([claim("b", 0, "n1", 1)]))[0]
+    _, _, running = await view.refresh([])
+    assert {j: len(allocs) for j, (_, allocs) in running.items()} == {"a": 2, "el": 1, "b": 1}, "a new claim"
+
+    await claims.release([keys.claim("a", "a-1")])
+    _, cluster, running = await view.refresh([])
+    assert {j: sorted(a.node_id for a in allocs) for j, (_, allocs) in running.items()} == {
+        "a": ["n0"], "el": ["n0"], "b": ["n1"]}, "a claim gone"
+    assert cluster.milli_free.sum() == 1000, "three of four GPUs held"
+
+    _, _, again = await view.refresh([])  # nothing changed: the kept grouping, in fresh lists
+    assert {j: len(allocs) for j, (_, allocs) in again.items()} == {"a": 1, "el": 1, "b": 1}
+    assert all(again[j][1] is not running[j][1] for j in again)
+
+    await claims.release([keys.claim("el", "el-0")])
+    _, _, running = await view.refresh([])
+    assert set(running) == {"a", "b"} and view.elastic(running) == {}
+    assert "el" not in view.elastic_ids, "a job the view forgot leaves the index"
