@@ -5,6 +5,8 @@ cycle)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from redis.asyncio import Redis
 from tide.core import Allocation
 from tide.schemas.events import JobRecord, JobState, PodRecord
@@ -69,3 +71,22 @@ async def test_the_running_set_follows_claims_and_elastic_jobs_are_found_by_inde
     _, _, running = await view.refresh([])
     assert set(running) == {"a", "b"} and view.elastic(running) == {}
     assert "el" not in view.elastic_ids, "a job the view forgot leaves the index"
+
+
+async def test_a_kept_record_is_read_again_once_older_than_the_resync_period(redis: Redis) -> None:
+    """Between resyncs only the records the view does not keep are read; once the oldest kept one is older than
+    ``resync_s``, it is read again (and a record asked for alone is never older than that when returned)."""
+    view = ClusterView(redis, ClaimStore(redis), resync_s=0.2)
+    await store_record(redis, "r")
+    [first] = await view.records(["r"])
+    assert first is not None and first.reason == ""
+    changed = first.model_copy(update={"reason": "changed in Redis by another placer"})
+    await redis.set(keys.job("r"), changed.to_json())
+    await store_record(redis, "s")
+    kept, new = await view.records(["r", "s"])
+    assert kept is first and new is not None, "a kept record younger than resync_s: not read; an unknown one: read"
+    await asyncio.sleep(0.25)
+    [again] = await view.records(["r"])
+    assert again is not None and again.reason == "changed in Redis by another placer"
+    [fresh] = await view.records(["s"])
+    assert fresh is not None and fresh is not new, "'s' was kept as long: it is read again too"

@@ -64,6 +64,7 @@ class ClusterView:
         self.known: dict[str, Known] = {}  # job id -> its record as last read or written
         self.elastic_ids: set[str] = set()  # the jobs of ``known`` whose spec is elastic (few, if any)
         self._by_job: dict[str, list[Allocation]] | None = None  # ``allocs`` grouped by job, until they change
+        self._none_stale_until = 0.0  # monotonic: no kept record is older than ``resync_s`` before then
         self._node_raw: dict[str, tuple[str, NodeDescription | None]] = {}
         self._nodes_version: str | None = None  # keys.NODES_VERSION when the nodes were last read
         self._frozen_version: str | None = None  # the nodes version whose descriptions were left out of the GC
@@ -102,14 +103,23 @@ class ClusterView:
         """The records of ``job_ids``: kept ones unless older than ``resync_s`` (or ``fresh``), the others
         read in one call."""
         now = time.monotonic()
-        stale = [j for j in job_ids
-                 if fresh or (k := self.known.get(j)) is None or now - k.read_at >= self.resync_s]
+        if fresh:
+            stale = list(job_ids)
+        elif now < self._none_stale_until:  # every kept record is younger than resync_s: only the unknown ones
+            known = self.known
+            stale = [j for j in job_ids if j not in known]
+        else:
+            stale = [j for j in job_ids if (k := self.known.get(j)) is None or now - k.read_at >= self.resync_s]
+            self._none_stale_until = -1.0  # found again below, once these are read
         if stale:
             for job_id, raw in zip(stale, await self.redis.mget([keys.job(j) for j in stale]), strict=True):
                 if raw:
                     self._keep(Known(raw, JobRecord.model_validate_json(raw), now))
                 else:
                     self._drop(job_id)
+        if self._none_stale_until < 0:
+            # every record kept now, and any kept later (read later), is fresh until the oldest turns stale
+            self._none_stale_until = min((k.read_at for k in self.known.values()), default=now) + self.resync_s
         return [k.record if (k := self.known.get(j)) is not None else None for j in job_ids]
 
     def forget_except(self, job_ids: set[str]) -> None:
