@@ -10,7 +10,7 @@ import pytest
 from nats.js.api import StreamConfig
 from tide import subjects
 from tide.bus.nats import BatchRefused, ensure_streams, publish_batch
-from tide.events import EventPublisher
+from tide.events import ATOMIC_MIN, EventPublisher
 from tide.schemas.events import JobEvent, JobRecord
 from tide.schemas.job import JobSpec
 from tide.subjects import job_event
@@ -71,15 +71,16 @@ async def test_events_of_one_turn_share_a_batch_and_a_repeated_one_is_stored_onc
     await ensure_streams(js)
     events = EventPublisher(js, nc, window_s=60.0)
     records = [make_record(f"job-{i}") for i in range(20)]
+    assert len(records) >= ATOMIC_MIN
     received = nc.stats["in_msgs"]
     await asyncio.gather(*[events.publish(r, "queued") for r in records])
     assert nc.stats["in_msgs"] - received == 1
     assert sorted(e.job_id for e in await stored_events(js)) == sorted(r.job_id for r in records)
 
-    again = [*records[:2], *(make_record(f"new-{i}") for i in range(8))]
+    again = [*records[:2], *(make_record(f"new-{i}") for i in range(ATOMIC_MIN))]
     await asyncio.gather(*[events.publish(r, "queued") for r in again])
     stored = [e.event_id for e in await stored_events(js)]
-    assert len(stored) == 28 and len(set(stored)) == 28
+    assert len(stored) == 20 + ATOMIC_MIN and len(set(stored)) == len(stored)
 
     received = nc.stats["in_msgs"]  # fewer than ATOMIC_MIN: one by one, no disk-staged batch for them
     await asyncio.gather(*[events.publish(r, "placed") for r in records[:3]])
@@ -95,13 +96,13 @@ async def test_a_stream_without_atomic_batches_still_stores_every_event(nats_url
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name="EVENTS", subjects=[subjects.EVENTS_ALL]))
     events = EventPublisher(js, nc, window_s=60.0)
-    records = [make_record(f"old-{i}") for i in range(8)]
+    records = [make_record(f"old-{i}") for i in range(ATOMIC_MIN)]
     await asyncio.gather(*[events.publish(r, "placed") for r in records])
     assert not events._atomic
     received = nc.stats["in_msgs"]
     await asyncio.gather(*[events.publish(r, "running") for r in records])
-    assert nc.stats["in_msgs"] - received == 8  # one ack each: no batch tried again
-    assert len(await stored_events(js)) == 16
+    assert nc.stats["in_msgs"] - received == ATOMIC_MIN  # one ack each: no batch tried again
+    assert len(await stored_events(js)) == 2 * ATOMIC_MIN
     await events.flush()
     await nc.close()
 

@@ -26,10 +26,13 @@ DIGEST_MAX_EVENTS = 500
 """A digest goes at once when it holds this many (a few hundred bytes each: far below NATS' 1 MiB payload)."""
 
 
-ATOMIC_MIN = 8
+ATOMIC_MIN = 16
 """The fewest events sent as one atomic batch. The server stages each batch of a file-backed stream on disk (a
-directory, files, an fsync, a rename: about 1.3 ms of its CPU and 2.5 ms of wall time here, whatever the size),
-while an event published alone costs it about 0.13 ms: below this many, events go one by one."""
+directory, files, an fsync, a rename: about 1.3 ms of its CPU and 2.5 ms of wall time on an idle 2-core box, more
+under load, whatever the size), while an event published alone costs it about 0.13 ms. At 8, the exits of a packed
+8-GPU node reported together made a batch of 8 every few jobs at 100 jobs/s: NATS took 0.4 ms more CPU per job and
+placements 4 ms longer at the median; at 16 those go one by one, and the cycles and intake batches of a loaded
+stack still batch (bench/e2e_latency.py, docs/benchmarks.md)."""
 
 
 @dataclass
