@@ -9,7 +9,7 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 from tide import subjects
-from tide.bus.nats import BatchRefused, ensure_streams, publish_batch
+from tide.bus.nats import BATCH_UNKNOWN, BatchRefused, batch_refusal, ensure_streams, publish_batch
 from tide.events import ATOMIC_MIN, EventPublisher
 from tide.schemas.events import JobEvent, JobRecord
 from tide.schemas.job import JobSpec
@@ -114,3 +114,16 @@ async def test_ensure_streams_turns_atomic_batches_on_for_an_existing_stream(nat
     await ensure_streams(js)
     assert (await js.stream_info("EVENTS")).config.allow_atomic is True
     await nc.close()
+
+
+def test_what_a_commit_ack_says() -> None:
+    """All stored; refused (the server's code); an ack naming no batch, from a server older than 2.12 that took each
+    message as a plain publish (compose.yaml's nats:2.10): unknown, so the publisher sends them again one by one,
+    de-duplicated by id, and stops batching."""
+    assert batch_refusal({"stream": "EVENTS", "seq": 9, "batch": "b", "count": 3}, 3) is None
+    refused = batch_refusal({"error": {"code": 400, "err_code": 10201, "description": "duplicate"}, "seq": 0}, 3)
+    assert refused is not None and refused.err_code == 10201
+    old_server = batch_refusal({"stream": "EVENTS", "seq": 9}, 3)
+    assert old_server is not None and old_server.err_code == BATCH_UNKNOWN
+    short = batch_refusal({"stream": "EVENTS", "seq": 9, "batch": "b", "count": 2}, 3)
+    assert short is not None and short.err_code == 0

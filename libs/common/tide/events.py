@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from tide import subjects
-from tide.bus.nats import BATCH_DISABLED, BATCH_MAX, BatchRefused, publish, publish_batch
+from tide.bus.nats import BATCH_DISABLED, BATCH_MAX, BATCH_UNKNOWN, BatchRefused, publish, publish_batch
 from tide.schemas.events import JobEvent, JobEventDigest, JobRecord, JobState
 from tide.subjects import job_event
 from tide.tracing import trace_headers
@@ -123,8 +123,8 @@ class EventPublisher:
             try:
                 await publish_batch(self.nc, [(u.subject, u.event.to_bytes(), u.headers) for u in batch])
             except (BatchRefused, nats.errors.Error) as exc:
-                if isinstance(exc, BatchRefused) and exc.err_code == BATCH_DISABLED:
-                    self._atomic = False
+                if isinstance(exc, BatchRefused) and exc.err_code in (BATCH_DISABLED, BATCH_UNKNOWN):
+                    self._atomic = False  # a stream or a server that takes no atomic batches: one by one from now
                 log.info("event_batch_sent_one_by_one", events=len(batch), reason=repr(exc))
                 await self._store_one_by_one(batch)
                 return

@@ -165,6 +165,21 @@ class BatchRefused(Exception):
 
 BATCH_DISABLED = 10174
 """``err_code`` of a batch sent to a stream without ``allow_atomic``."""
+BATCH_UNKNOWN = -1
+"""``BatchRefused.err_code`` when the server's ack names no batch: a server older than 2.12 took each message as a
+plain publish (the batch headers mean nothing to it), so what was stored is unknown until they are sent again."""
+
+
+def batch_refusal(ack: dict[str, Any], sent: int) -> BatchRefused | None:
+    """What the server's answer to a batch's commit says: None when it stored all ``sent`` messages."""
+    error = ack.get("error")
+    if error:
+        return BatchRefused(int(error.get("err_code", 0)), str(error.get("description", "")))
+    if "batch" not in ack:
+        return BatchRefused(BATCH_UNKNOWN, f"the server does not know atomic batches (its ack: {ack})")
+    if ack.get("count") != sent:
+        return BatchRefused(0, f"the server stored {ack.get('count')} of {sent} messages")
+    return None
 
 
 async def publish_batch(nc: NATS, messages: list[tuple[str, bytes, dict[str, str]]],
@@ -189,11 +204,9 @@ async def publish_batch(nc: NATS, messages: list[tuple[str, bytes, dict[str, str
     reply = await nc.request(subject, payload, timeout=timeout,
                              headers={**headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(last),
                                       "Nats-Batch-Commit": "1"})
-    ack = json.loads(reply.data or b"{}")
-    error = ack.get("error")
-    if error or ack.get("count") != last:
-        error = error or {}
-        raise BatchRefused(int(error.get("err_code", 0)), str(error.get("description", f"ack {ack}")))
+    refused = batch_refusal(json.loads(reply.data or b"{}"), last)
+    if refused is not None:
+        raise refused
 
 
 Handler = Callable[[Msg], Awaitable[None]]
