@@ -110,7 +110,7 @@ from tide.tracing import detached_job_span, job_span, stored_parent, trace_heade
 
 from tide_placer.batch import Batcher
 from tide_placer.metrics import PlacerMetrics
-from tide_placer.view import ClusterView
+from tide_placer.view import ClusterView, Running
 
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.placer")
@@ -623,7 +623,7 @@ class PlacerService:
             await self._pod_exited(PodExited(node_id=node, job_id=job_id, pod=agent_pod_id(pod, token),
                                              exit_code=None, reason=ExitReason.STOPPED, message=err))
 
-    async def _resend_extra_stops(self, elastic: dict[str, tuple[JobRecord, list[Allocation]]]) -> None:
+    async def _resend_extra_stops(self, elastic: Running) -> None:
         """Extras marked stopping whose stop was not sent by this placer lately (it restarted, the agent
         missed it) are told again, so a pod-level preemption survives a placer restart. ``elastic``: the running
         elastic jobs (only their pods beyond ``minMember`` are ever marked stopping: ``preempt_pods``)."""

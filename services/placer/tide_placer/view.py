@@ -224,17 +224,17 @@ class ClusterView:
             found = self._owner[key] = keys.parse_claim(key)
         return found
 
-    def extra_allocs(self, running: Running) -> dict[str, dict[int, Allocation]]:
+    def extra_allocs(self, elastic: Running) -> dict[str, dict[int, Allocation]]:
         """job -> pod index -> allocation of each elastic extra pod (index >= minMember) holding a claim
-        (``running``: the running jobs, or only the elastic ones)."""
+        (``elastic``: the running elastic jobs, as ``ClusterView.elastic`` finds them)."""
         out: dict[str, dict[int, Allocation]] = {}
-        if not any(record.spec.spec.elastic for record, _ in running.values()):
+        if not elastic:
             return out
         for key, alloc in self.allocs.items():
             job_id, pod = self.owner(key)
-            held = running.get(job_id)
+            held = elastic.get(job_id)
             index = pod.rpartition("-")[2]
-            if held is None or not held[0].spec.spec.elastic or not index.isdigit():
+            if held is None or not index.isdigit():
                 continue
             if int(index) >= held[0].spec.spec.gang_size:
                 out.setdefault(job_id, {})[int(index)] = alloc
