@@ -363,3 +363,19 @@ def test_the_demand_memo_holds_no_spec_alive() -> None:
     gc.collect()
     assert all(r() is None for r in refs), "the memo keeps specs alive"
     assert len(job_placement._demand_memo) == before
+
+
+def test_a_job_goes_back_to_a_node_that_failed_it_only_when_nothing_else_fits() -> None:
+    # 'j' failed to start on n0 and on n1 (e.g. while their agents restarted): avoiding both for good would
+    # leave it pending forever on this two-node cluster
+    nodes = [small_node("n0", gpus=8), small_node("n1", gpus=8)]
+    failed_on_both = record("j", 4).model_copy(update={"avoid_nodes": ["n0", "n1"]})
+    plan = plan_cycle(state(nodes, {}, [failed_on_both]), Placer())
+    assert [b.record.job_id for b in plan.binds] == ["j"] and plan.not_placed == []
+    # while a node it did not fail on has room, that one is taken
+    failed_on_n0 = record("k", 4).model_copy(update={"avoid_nodes": ["n0"]})
+    plan = plan_cycle(state(nodes, {}, [failed_on_n0]), Placer())
+    assert [p.alloc.node_id for p in plan.binds[0].placements] == ["n1"]
+    # a lost node stays out even so
+    plan = plan_cycle(state(nodes, {}, [failed_on_both], lost={"n0", "n1"}), Placer())
+    assert plan.binds == [] and [r.job_id for r, _ in plan.not_placed] == ["j"]

@@ -8,9 +8,10 @@ its actions, each a module of ``tide.core`` over one ``CycleContext``:
 2. admit (``admit``): order the pending jobs (nominated, guarantees, queue priority, weighted DRF,
    priority, age); for each, the queue rules (limits, lending limits, non-preemptible work within
    its guarantee);
-3. place: nodes it may not use (lost, failed before, earmarked for a gang unless it is preemptible or
-   its declared runtime ends in time); place it whole on its view of the cluster (tides relabel lent
-   nodes); the plan assumes each bind succeeds and places the next job on what is left;
+3. place: nodes it may not use (lost, earmarked for a gang unless it is preemptible or its declared
+   runtime ends in time) and nodes that failed to start it before (used only when nothing else fits,
+   never preempted on); place it whole on its view of the cluster (tides relabel lent nodes); the plan
+   assumes each bind succeeds and places the next job on what is left;
 4. consolidate (``consolidate``): a job that does not fit only because the free GPUs are scattered
    moves a few checkpointable jobs of its priority or lower, each of which fits again elsewhere;
    preempt / reclaim (``preempt``): otherwise a job that does not fit, or is over a limit, may evict
@@ -110,6 +111,12 @@ def _admit_and_place(ctx: CycleContext) -> None:
         else:
             view = lent_view(ctx.cluster, record, ctx.tide_states, ctx.running)
             result = place_job(ctx.placer, view, record.spec, state.nodes, exclude, feedback)
+            if isinstance(result, Unfit) and record.avoid_nodes:
+                # a node that failed to start the job is a last resort, not a ban: where nothing else fits
+                # now, the job tries it again (after its requeue backoff) rather than wait forever (every
+                # node of a small cluster may have failed once, e.g. while its agent restarted); it never
+                # preempts for one, below
+                result = _placed_on_avoided(ctx, record, exclude, feedback, result)
         if isinstance(result, Unfit):
             if result.resolvable and not check.excess and consolidate_for(ctx, record, exclude, feedback):
                 ctx.waiting = True  # its moved jobs stop; it is nominated like a preemptor
@@ -137,6 +144,19 @@ def _admit_and_place(ctx: CycleContext) -> None:
             _not_placed(ctx, record, Unfit(reason, result.resolvable), nominated, demand)
             continue
         _bind(ctx, record, result, feedback)
+
+
+def _placed_on_avoided(ctx: CycleContext, record: JobRecord, exclude: set[str], feedback: FamilyWeights | None,
+                       unfit: Unfit) -> list[PodPlacement] | Unfit:
+    """The job placed allowing the nodes it avoids (still not lost or earmarked ones), else ``unfit``."""
+    avoided = set(record.avoid_nodes) - ctx.state.lost
+    if ctx.earmark is not None and not may_use_earmarked(record, ctx.earmark, ctx.state.now, ctx.tree):
+        avoided -= set(ctx.earmark.nodes)
+    if not avoided:
+        return unfit
+    view = lent_view(ctx.cluster, record, ctx.tide_states, ctx.running)
+    again = place_job(ctx.placer, view, record.spec, ctx.state.nodes, exclude - avoided, feedback)
+    return unfit if isinstance(again, Unfit) else again
 
 
 def _bind(
