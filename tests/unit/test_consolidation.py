@@ -10,6 +10,7 @@ from tide.core.job_placement import place_job
 from tide.core.model import MILLI, Allocation, Unfit
 from tide.core.preempt import FailedSearches
 from tide.core.queues import QueueTree
+from tide.core.running_tally import RunningTally
 from tide.schemas.events import JobRecord, JobState, PodRecord
 from tide.schemas.job import JobSpec
 
@@ -57,7 +58,7 @@ def context(nodes: list, running: Running, pending: list[JobRecord], min_runtime
         usage=QueueUsage.of(state.tree, work_running, state.pending),
         capacity={"gpu": float(work.gpu_exists.sum()), "cpu": float(work.cpu_cap.sum()),
                   "memory": float(work.mem_cap.sum())},
-        tide_states={}, failed=FailedSearches(),
+        tide_states={}, tally=RunningTally.of(state.running), failed=FailedSearches(),
     )
 
 

@@ -1,7 +1,7 @@
 """The placer view's running set follows the claims as they come and go although it keeps its grouping of claims
-by job between cycles, hands each cycle lists of its own, and finds the elastic jobs through an index of the
-records it keeps (``ClusterView._running``, ``ClusterView.elastic``; issue 17: whole scans of the running jobs every
-cycle)."""
+by job between cycles, hands each cycle lists of its own, and finds the elastic jobs through the tally of the
+running jobs it keeps (``ClusterView._running``, ``ClusterView.elastic``; issue 17: whole scans of the running
+jobs every cycle)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ async def test_the_running_set_follows_claims_and_elastic_jobs_are_found_by_inde
     await claims.release([keys.claim("el", "el-0")])
     _, _, running = await view.refresh([])
     assert set(running) == {"a", "b"} and view.elastic(running) == {}
-    assert "el" not in view.elastic_ids, "a job the view forgot leaves the index"
+    assert view.tally.elastic == set(), "a job that holds no claim leaves the tally"
 
 
 async def test_a_kept_record_is_read_again_once_older_than_the_resync_period(redis: Redis) -> None:

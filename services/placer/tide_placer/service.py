@@ -487,8 +487,7 @@ class PlacerService:
                 continue
             pending.append(record)
         nodes, cluster, running = await self.view.refresh(pending_ids, (nodes_version, set(claim_keys)))
-        # the running elastic jobs, found once: only they have extras to place, hold or stop (three scans of
-        # every running job per cycle, where most jobs are not elastic)
+        # the running elastic jobs, found once (by the view's tally): only they have extras to place, hold or stop
         elastic = self.view.elastic(running)
         self._extras_wanted = any(r.state == JobState.RUNNING and missing_extras(r) for r, _ in elastic.values())
         if not nodes:
@@ -507,6 +506,7 @@ class PlacerService:
             min_runtime_s=self.settings.min_runtime_s,
             preemption_timeout_s=self.settings.preemption_timeout_s,
             extra_allocs=self.view.extra_allocs(elastic),
+            tally=self.view.tally,
         )
         await self._resend_extra_stops(elastic)
         plan = plan_cycle(state, self.placer)

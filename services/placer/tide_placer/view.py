@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import structlog
 from redis.asyncio import Redis
 from tide.core import Allocation, Cluster, OversubscriptionError
+from tide.core.running_tally import RunningTally
 from tide.runtime import freeze_long_lived
 from tide.schemas.events import JobRecord
 from tide.schemas.node import NodeDescription
@@ -62,7 +63,7 @@ class ClusterView:
         self.allocs: dict[str, Allocation] = {}  # claim key -> allocation applied to ``cluster``
         self._owner: dict[str, tuple[str, str]] = {}  # claim key of ``allocs`` -> (job, pod), parsed once
         self.known: dict[str, Known] = {}  # job id -> its record as last read or written
-        self.elastic_ids: set[str] = set()  # the jobs of ``known`` whose spec is elastic (few, if any)
+        self.tally = RunningTally()  # the running jobs counted (queue usage, priorities, elastic jobs)
         self._by_job: dict[str, list[Allocation]] | None = None  # ``allocs`` grouped by job, until they change
         self._none_stale_until = 0.0  # monotonic: no kept record is older than ``resync_s`` before then
         self._node_raw: dict[str, tuple[str, NodeDescription | None]] = {}
@@ -84,16 +85,10 @@ class ClusterView:
         self._keep(Known(raw, record, time.monotonic()))
 
     def _keep(self, known: Known) -> None:
-        job_id = known.record.job_id
-        self.known[job_id] = known
-        if known.record.spec.spec.elastic:
-            self.elastic_ids.add(job_id)
-        else:
-            self.elastic_ids.discard(job_id)
+        self.known[known.record.job_id] = known
 
     def _drop(self, job_id: str) -> None:
         self.known.pop(job_id, None)
-        self.elastic_ids.discard(job_id)
 
     def record(self, job_id: str) -> JobRecord | None:
         known = self.known.get(job_id)
@@ -152,6 +147,7 @@ class ClusterView:
         else:
             await self._apply_diff(claim_keys)
         running = await self._running()
+        self.tally.sync(running)
         self.forget_except(set(pending_ids) | set(running))
         return self.nodes, self.cluster, running
 
@@ -241,8 +237,8 @@ class ClusterView:
         return out
 
     def elastic(self, running: Running) -> Running:
-        """The elastic jobs among ``running`` (found through ``elastic_ids``, not a scan of every job)."""
-        return {job_id: running[job_id] for job_id in self.elastic_ids if job_id in running}
+        """The elastic jobs among ``running`` (found through the tally, not a scan of every job)."""
+        return {job_id: running[job_id] for job_id in self.tally.elastic if job_id in running}
 
     async def _running(self) -> Running:
         """Every job holding claims, with its record and allocations; the grouping is kept until a claim comes

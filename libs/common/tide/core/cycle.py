@@ -56,6 +56,7 @@ from tide.core.model import Unfit
 from tide.core.placer import Placer
 from tide.core.preempt import FailedSearches, deterministic, may_preempt, preempt_for
 from tide.core.queues import limit_excess
+from tide.core.running_tally import RunningTally
 from tide.core.tidal import Lending, lending, lent_view, refill_headroom, return_lent_nodes, selector_pool
 from tide.core.tides import TideState
 from tide.schemas.events import POD_DONE_STATES, JobRecord, JobState
@@ -69,9 +70,12 @@ __all__ = ["Bind", "CycleState", "Earmark", "Lending", "Plan", "Preemption", "Ru
 def plan_cycle(state: CycleState, placer: Placer) -> Plan:
     cluster = state.cluster.copy()
     running: Running = dict(state.running)
+    tally = state.tally
+    if tally is None or tally.synced_to is not state.running:
+        tally = RunningTally.of(state.running)
     ctx = CycleContext(
-        state=state, placer=placer, plan=Plan(), cluster=cluster, running=running,
-        usage=QueueUsage.of(state.tree, running, state.pending),
+        state=state, placer=placer, plan=Plan(), cluster=cluster, running=running, tally=tally,
+        usage=QueueUsage.of(state.tree, state.running, state.pending, tally),
         capacity={"gpu": float(cluster.gpu_exists.sum()), "cpu": float(cluster.cpu_cap.sum()),
                   "memory": float(cluster.mem_cap.sum())},
         tide_states={rule: rule.state(state.wall) for rule in state.tides} if state.wall else {},
@@ -220,8 +224,10 @@ def _place_extras(ctx: CycleContext) -> None:
         if bind.record.spec.spec.elastic:
             bind.placements.extend(_extras_for(ctx, bind.record, bind.feedback))
     bound = {b.record.job_id for b in ctx.plan.binds}
-    growing = [r for r, _ in ctx.running.values()
-               if r.spec.spec.elastic and r.job_id not in bound and r.state == JobState.RUNNING
+    # the elastic jobs of ``running`` as the cycle began (the tally's) that it still holds: only binds add
+    # jobs to it, and those are ``bound``
+    elastic = [ctx.running[j][0] for j in ctx.tally.elastic if j in ctx.running]
+    growing = [r for r in elastic if r.job_id not in bound and r.state == JobState.RUNNING
                and not r.cancel_requested and not _gang_done(r)]
     growing.sort(key=lambda r: (-PRIORITY_VALUES[r.spec.metadata.priority_class], r.started_at or 0.0, r.job_id))
     for record in growing:

@@ -14,14 +14,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tide.core.cluster import Cluster
-from tide.core.job_placement import PodPlacement, job_demand
+from tide.core.job_placement import PodPlacement
 from tide.core.model import Allocation, Unfit
 from tide.core.placer import Placer
 from tide.core.queues import QueueTree, Resources, add
+from tide.core.running_tally import RunningTally
 from tide.core.tides import TideRule, TideState
-from tide.schemas.events import JobRecord, JobState
+from tide.schemas.events import JobRecord
 from tide.schemas.feedback import FamilyWeights
-from tide.schemas.job import PRIORITY_VALUES, JobSpec
+from tide.schemas.job import JobSpec
 from tide.schemas.node import NodeDescription
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,6 +50,9 @@ class CycleState:
     preemption_timeout_s: float = 120.0
     extra_allocs: dict[str, dict[int, Allocation]] = field(default_factory=dict)
     """job -> pod index -> allocation of each elastic extra pod (index >= minMember) holding claims"""
+    tally: RunningTally | None = None
+    """``running`` counted (the live placer keeps one across cycles); None, or one synced to another map: the
+    cycle counts ``running`` itself"""
 
 
 @dataclass(frozen=True)
@@ -89,11 +93,6 @@ class Plan:
     timed_out: list[TimedOut] = field(default_factory=list)
 
 
-def counts_for_its_queue(record: JobRecord) -> bool:
-    """Does a job holding claims count in its queue's usage? Not while it is stopping (preempted)."""
-    return record.state != JobState.PREEMPTED
-
-
 @dataclass
 class QueueUsage:
     """Usage per queue path (every job counted in its queue and all its ancestors)."""
@@ -102,29 +101,14 @@ class QueueUsage:
     by_path: dict[str, Resources] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, tree: QueueTree, running: Running, pending: Iterable[JobRecord]) -> QueueUsage:
-        """Running jobs that are not stopping, and the demand of nominated preemptors not yet placed."""
-        usage = cls(tree)
-        paths: dict[str, list[str]] = {}  # a queue name -> the paths its jobs count in
-        for record, _ in running.values():
-            if counts_for_its_queue(record):
-                usage._add(usage._paths(record.spec.metadata.queue, paths), job_demand(record.spec))
-        for record in pending:
-            if record.nominated_at is not None and record.job_id not in running:
-                usage._add(usage._paths(record.spec.metadata.queue, paths), job_demand(record.spec))
-        return usage
-
-    def _paths(self, queue: str, known: dict[str, list[str]]) -> list[str]:
-        if queue not in known:
-            known[queue] = self.tree.ancestors(self.tree.resolve(queue))
-        return known[queue]
-
-    def _add(self, paths: list[str], demand: Mapping[str, float]) -> None:
-        """``admit`` in place (the same sums in the same order, without a new dict per path)."""
-        for path in paths:
-            held = self.by_path.setdefault(path, {})
-            for k, v in demand.items():
-                held[k] = held.get(k, 0.0) + v
+    def of(cls, tree: QueueTree, running: Running, pending: Iterable[JobRecord],
+           tally: RunningTally | None = None) -> QueueUsage:
+        """Running jobs that are not stopping, and the demand of nominated preemptors not yet placed, summed
+        exactly (``RunningTally``: ``tally`` when it counts ``running``, else one counted now)."""
+        if tally is None or tally.synced_to is not running:
+            tally = RunningTally.of(running)
+        nominated = [r for r in pending if r.nominated_at is not None and r.job_id not in running]
+        return cls(tree, tally.usage(tree, nominated))
 
     def admit(self, queue: str, demand: Mapping[str, float]) -> None:
         for path in self.tree.ancestors(self.tree.resolve(queue)):
@@ -150,6 +134,7 @@ class CycleContext:
     usage: QueueUsage
     capacity: Resources
     tide_states: dict[TideRule, TideState]
+    tally: RunningTally  # ``state.running`` counted
     failed: FailedSearches | None = None
     earmark: Earmark | None = None
     waiting: bool = False  # a pending job waits for room (or for its victims): no elastic extras this cycle
@@ -163,8 +148,8 @@ class CycleContext:
         return self.state.tree
 
     def lowest_running_priority(self) -> int | None:
-        return min((PRIORITY_VALUES[r.spec.metadata.priority_class] for r, _ in self.running.values()
-                    if r.state == JobState.RUNNING), default=None)
+        """The lowest priority of a job in state RUNNING still in ``running``."""
+        return self.tally.lowest_running_priority(self.running)
 
     def changed(self) -> None:
         """A bind or a planned preemption: what the failed victim searches saw no longer holds."""

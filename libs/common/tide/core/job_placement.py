@@ -220,7 +220,11 @@ def earmark(cluster: Cluster, spec: JobSpec) -> list[str]:
     return chosen
 
 
-_demand_memo: dict[int, tuple[weakref.ref[JobSpec], dict[str, float]]] = {}
+GPU_UNITS = 7 * MILLI
+"""Parts of a GPU in which every demand is whole (MIG slices are sevenths, shares thousandths): sums of
+``demand_units`` are exact, the same in any order."""
+
+_demand_memo: dict[int, tuple[weakref.ref[JobSpec], dict[str, float], tuple[int, int, int]]] = {}
 
 
 def job_demand(spec: JobSpec) -> dict[str, float]:
@@ -230,13 +234,23 @@ def job_demand(spec: JobSpec) -> dict[str, float]:
     in place: the answer is remembered per spec object while the spec lives (a weak reference, checked, so a
     reused id never hits, and the memo holds no spec alive: a finished job's spec goes with its record) and a
     fresh copy handed out."""
+    return dict(_remembered(spec)[1])
+
+
+def demand_units(spec: JobSpec) -> tuple[int, int, int]:
+    """``job_demand`` as whole numbers: (GPUs in 1/``GPU_UNITS``, mCPU, MiB), remembered like it."""
+    return _remembered(spec)[2]
+
+
+def _remembered(spec: JobSpec) -> tuple[weakref.ref[JobSpec], dict[str, float], tuple[int, int, int]]:
     key = id(spec)
     memo = _demand_memo.get(key)
     if memo is not None and memo[0]() is spec:
-        return dict(memo[1])
-    demand = _job_demand(spec)
-    _demand_memo[key] = (weakref.ref(spec, partial(_forget_demand, key)), demand)
-    return dict(demand)
+        return memo
+    units = _demand_units(spec)
+    demand = {"gpu": units[0] / GPU_UNITS, "cpu": float(units[1]), "memory": float(units[2])}
+    memo = _demand_memo[key] = (weakref.ref(spec, partial(_forget_demand, key)), demand, units)
+    return memo
 
 
 def _forget_demand(key: int, ref: weakref.ref[JobSpec]) -> None:
@@ -246,15 +260,16 @@ def _forget_demand(key: int, ref: weakref.ref[JobSpec]) -> None:
         del _demand_memo[key]
 
 
-def _job_demand(spec: JobSpec) -> dict[str, float]:
+def _demand_units(spec: JobSpec) -> tuple[int, int, int]:
     request = pod_request(spec)
     gang = spec.spec.gang_size
     if request.kind == "mig":
-        gpus = next((p.compute for t in PROFILES_BY_MODEL.values() for n, p in t.items() if n == request.mig_profile),
-                    7) / 7
+        sevenths = next((p.compute for t in PROFILES_BY_MODEL.values() for n, p in t.items()
+                         if n == request.mig_profile), 7)
+        gpu_units = sevenths * (GPU_UNITS // 7)
     else:
-        gpus = request.gpu_count + request.gpu_milli / MILLI
-    return {"gpu": gang * gpus, "cpu": float(gang * request.cpu_milli), "memory": float(gang * request.memory_mib)}
+        gpu_units = request.gpu_count * GPU_UNITS + request.gpu_milli * (GPU_UNITS // MILLI)
+    return gang * gpu_units, gang * request.cpu_milli, gang * request.memory_mib
 
 
 def describe(request: PodRequest) -> str:
