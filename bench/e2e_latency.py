@@ -155,6 +155,19 @@ def messages_by_client(info: StackInfo) -> Counter[str]:
     return by
 
 
+def placer_cycles(info: StackInfo) -> tuple[float, float]:
+    """(cycles, seconds spent in them) of every placer, from its own /metrics (``tide_placer_cycle_duration``)."""
+    count = total = 0.0
+    for url in info.placer_metrics_urls.values():
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("tide_placer_cycle_duration_seconds_count"):
+                    count += float(line.rsplit(" ", 1)[1])
+                elif line.startswith("tide_placer_cycle_duration_seconds_sum"):
+                    total += float(line.rsplit(" ", 1)[1])
+    return count, total
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -191,6 +204,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
     msgs0 = nats_stats(info, OBSERVER)
     clients0 = messages_by_client(info)
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    cycles0 = placer_cycles(info)
     own0, wall0 = time.process_time(), time.monotonic()
     spec = {"metadata": {"name": "lat"}, "spec": {"template": {"command": ["sleep", str(run_s)],
                                                                 "resources": {"gpu": 1, "cpuMilli": 1000}}}}
@@ -214,6 +228,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
     own_cpu, wall = time.process_time() - own0, time.monotonic() - wall0
     msgs1 = nats_stats(info, OBSERVER)
     clients = messages_by_client(info) - clients0
+    cycles, cycle_s = (b - a for a, b in zip(cycles0, placer_cycles(info), strict=True))
     await nc.close()
     await load.close()
     to_placed = [(placed[j] - submitted[j]) * 1000 for j in placed]
@@ -252,6 +267,9 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         "observer_msgs_per_job": round(observer / done, 1),
         "nats_msgs_per_job_by_client": {name: round(n / done, 2) for name, n in sorted(clients.items())},
         "placer_cpu_ms_per_decision": round(cpu["placer"] * 1000 / max(len(placed), 1), 2),
+        # scheduling cycles (every placer's, the idle ticks included) per job, and their mean wall time
+        "placer_cycles_per_job": round(cycles / done, 2),
+        "placer_cycle_ms_mean": round(cycle_s * 1000 / max(cycles, 1), 2),
         # CPU of each process of the stack per finished job (submit to exit), in ms: raw, and net of idle
         "cpu_ms_per_job": {name: round(c, 2) for name, c in cpu_ms.items()},
         "cpu_ms_per_job_total": round(sum(cpu_ms.values()), 2),
@@ -335,6 +353,7 @@ def main() -> None:
              f"{r['submit_to_placed_ms']['p99']} ms, sustained {r['sustained_placed_per_s']}/s, "
              f"{r['nats_msgs_per_job_net_of_idle']} NATS msgs/job, "
              f"{r['cpu_ms_per_job_net_of_idle_total']} ms CPU/job (net of idle), "
+             f"{r['placer_cycles_per_job']} placer cycles/job, "
              f"{r['succeeded']}/{r['jobs']} succeeded once, {r['pods_started_twice']} started twice"
              for r in result["rates"]]
     print(f"e2e_latency on {result['nodes']} nodes: " + "; ".join(parts))

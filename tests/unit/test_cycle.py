@@ -186,6 +186,17 @@ def test_shortcuts_in_the_victim_search_change_no_decision(monkeypatch: pytest.M
     assert preempting >= 10  # the scenarios do exercise the search
 
 
+def test_a_cycle_leaves_the_snapshot_of_running_jobs_as_it_was() -> None:
+    """The placer's view hands every cycle the same allocation lists while a job's claims do not change: the
+    planner must change only its own copy (preemptions, consolidation moves, binds)."""
+    rng = random.Random(3)
+    for _ in range(40):
+        cycle = _random_cycle(rng)
+        snapshot = {j: (r, list(allocs)) for j, (r, allocs) in cycle.running.items()}
+        plan_cycle(cycle, Placer())
+        assert cycle.running == snapshot
+
+
 def test_the_lending_pool_keeps_its_headroom_in_gpus_and_refills_it_from_the_cheapest_lent_node() -> None:
     nodes = [small_node("t0", gpus=8, pool="training"), small_node("i0", gpus=8, pool="inference"),
              small_node("i1", gpus=8, pool="inference"), small_node("i2", gpus=2, pool="inference")]

@@ -72,7 +72,12 @@ class Elastic:
             if index is None:
                 record.state = JobState.PENDING
         self.stopping = []
-        plan = plan_cycle(self.state(), Placer())
+        state = self.state()
+        snapshot = {j: (r, list(allocs)) for j, (r, allocs) in state.running.items()}
+        plan = plan_cycle(state, Placer())
+        # the planner changes a map of its own, never the snapshot's lists (the live placer's view keeps them
+        # across cycles): a preempted extra pod leaves a copy of its job's list
+        assert state.running == snapshot
         for p in plan.preemptions:
             record = self.records[p.job_id]
             if p.pods:

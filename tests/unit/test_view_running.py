@@ -1,7 +1,7 @@
 """The placer view's running set follows the claims as they come and go although it keeps its grouping of claims
-by job between cycles, hands each cycle lists of its own, and finds the elastic jobs through the tally of the
-running jobs it keeps (``ClusterView._running``, ``ClusterView.elastic``; issue 17: whole scans of the running
-jobs every cycle)."""
+by job and its entries between cycles (only the jobs whose claims or record changed are looked at again), hands
+each cycle a map of its own, and finds the elastic jobs through the tally of the running jobs it keeps
+(``ClusterView._running``, ``ClusterView.elastic``; issue 17: whole scans of the running jobs every cycle)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import asyncio
 
 from redis.asyncio import Redis
 from tide.core import Allocation
+from tide.core.queues import QueueTree
 from tide.schemas.events import JobRecord, JobState, PodRecord
 from tide.schemas.job import JobSpec
 from tide.store import keys
@@ -17,6 +18,8 @@ from tide_placer import view as view_module
 from tide_placer.view import ClusterView
 
 from tests.helpers import job, small_node
+
+TREE = QueueTree.from_config(None)
 
 
 def claim(job_id: str, index: int, node: str, gpu: int) -> PodClaim:
@@ -50,7 +53,7 @@ async def test_the_running_set_follows_claims_and_elastic_jobs_are_found_by_inde
     _, cluster, running = await view.refresh([])
     assert {j: len(allocs) for j, (_, allocs) in running.items()} == {"a": 2, "el": 1}
     assert set(view.elastic(running)) == {"el"}
-    running["a"][1].clear()  # a planner changing its cycle's lists (preempt.py drops a preempted extra)
+    running.pop("a")  # a planner changing its cycle's map (the preempted jobs leave it)
 
     await store_record(redis, "b")
     assert (await claims.claim([claim("b", 0, "n1", 1)]))[0]
@@ -63,9 +66,16 @@ async def test_the_running_set_follows_claims_and_elastic_jobs_are_found_by_inde
         "a": ["n0"], "el": ["n0"], "b": ["n1"]}, "a claim gone"
     assert cluster.milli_free.sum() == 1000, "three of four GPUs held"
 
-    _, _, again = await view.refresh([])  # nothing changed: the kept grouping, in fresh lists
-    assert {j: len(allocs) for j, (_, allocs) in again.items()} == {"a": 1, "el": 1, "b": 1}
-    assert all(again[j][1] is not running[j][1] for j in again)
+    _, _, again = await view.refresh([])  # nothing changed: the kept entries, in a map of its own
+    assert again == running and again is not running
+    assert view.tally.usage(TREE)["default"]["gpu"] == 4.0  # a: 2, el: its gang of 1, b: 1
+    # a record this placer wrote replaces the job's entry, and the tally counts it again: a preempted job (stopping)
+    # leaves its queue's usage
+    stopping = running["b"][0].model_copy(update={"state": JobState.PREEMPTED})
+    view.remember(stopping, stopping.to_json())
+    _, _, running = await view.refresh([])
+    assert running["b"][0] is stopping and running["a"] == again["a"]
+    assert view.tally.usage(TREE)["default"]["gpu"] == 3.0
 
     await claims.release([keys.claim("el", "el-0")])
     _, _, running = await view.refresh([])

@@ -64,7 +64,12 @@ class ClusterView:
         self._owner: dict[str, tuple[str, str]] = {}  # claim key of ``allocs`` -> (job, pod), parsed once
         self.known: dict[str, Known] = {}  # job id -> its record as last read or written
         self.tally = RunningTally()  # the running jobs counted (queue usage, priorities, elastic jobs)
-        self._by_job: dict[str, list[Allocation]] | None = None  # ``allocs`` grouped by job, until they change
+        self._by_job: dict[str, list[Allocation]] = {}  # ``allocs`` grouped by job (kept as claims come and go)
+        # the jobs holding claims with their records, as the last refresh handed them out: kept across cycles,
+        # changed for the jobs whose claims or record changed since (``_changed``), built anew after a rebuild
+        self._run: Running = {}
+        self._changed: set[str] = set()
+        self._run_whole = True
         self._none_stale_until = 0.0  # monotonic: no kept record is older than ``resync_s`` before then
         self._node_raw: dict[str, tuple[str, NodeDescription | None]] = {}
         self._nodes_version: str | None = None  # keys.NODES_VERSION when the nodes were last read
@@ -86,9 +91,11 @@ class ClusterView:
 
     def _keep(self, known: Known) -> None:
         self.known[known.record.job_id] = known
+        self._changed.add(known.record.job_id)
 
     def _drop(self, job_id: str) -> None:
         self.known.pop(job_id, None)
+        self._changed.add(job_id)
 
     def record(self, job_id: str) -> JobRecord | None:
         known = self.known.get(job_id)
@@ -146,9 +153,10 @@ class ClusterView:
                 self._frozen_version = version
         else:
             await self._apply_diff(claim_keys)
-        running = await self._running()
-        self.tally.sync(running)
-        self.forget_except(set(pending_ids) | set(running))
+        running, changed = await self._running()
+        self.tally.sync(running, changed)
+        if len(self.known) > len(pending_ids) + len(running):  # then some kept record is of neither
+            self.forget_except(set(pending_ids) | set(running))
         return self.nodes, self.cluster, running
 
     async def _read_nodes(self) -> list[NodeDescription]:
@@ -177,20 +185,26 @@ class ClusterView:
         self.cluster = self._empty.copy()
         self.allocs = {}
         self._owner = {}
-        self._by_job = None
+        self._by_job = {}
+        self._run_whole = True
         await self._add(sorted(claim_keys))
         self._built, self._stale = time.monotonic(), False
 
     async def _apply_diff(self, claim_keys: set[str]) -> None:
-        for key in set(self.allocs) - claim_keys:
+        for key in self.allocs.keys() - claim_keys:
+            job_id = self.owner(key)[0]
             alloc = self.allocs.pop(key)
             self._owner.pop(key, None)
-            self._by_job = None
+            held = self._by_job[job_id]
+            held.remove(alloc)
+            if not held:
+                del self._by_job[job_id]
+            self._changed.add(job_id)
             try:
                 self.cluster.release(alloc)
             except OversubscriptionError:
                 self._stale = True
-        await self._add(sorted(claim_keys - set(self.allocs)))
+        await self._add(sorted(claim_keys - self.allocs.keys()))
         if self._stale:
             await self._rebuild(claim_keys)
 
@@ -211,7 +225,9 @@ class ClusterView:
                 log.warning("claim_replay_failed", claim=key, error=str(exc))
                 continue
             self.allocs[key] = alloc
-            self._by_job = None
+            job_id = self.owner(key)[0]
+            self._by_job.setdefault(job_id, []).append(alloc)
+            self._changed.add(job_id)
 
     def owner(self, key: str) -> tuple[str, str]:
         """(job, pod) of a claim key of ``allocs`` (parsed once while it is held)."""
@@ -240,16 +256,28 @@ class ClusterView:
         """The elastic jobs among ``running`` (found through the tally, not a scan of every job)."""
         return {job_id: running[job_id] for job_id in self.tally.elastic if job_id in running}
 
-    async def _running(self) -> Running:
-        """Every job holding claims, with its record and allocations; the grouping is kept until a claim comes
-        or goes (most cycles at a steady load change a few of hundreds)."""
+    async def _running(self) -> tuple[Running, set[str] | None]:
+        """Every job holding claims, with its record and allocations, in a map of the cycle's own (the lists in it
+        are shared between cycles: the planner never changes them, it replaces a job's entry); and the jobs whose
+        entry changed since the last call (None: any may have). Only those entries are made again: at a steady
+        load a cycle sees a few of hundreds change."""
         by_job = self._by_job
-        if by_job is None:
-            by_job = {}
-            for key, alloc in self.allocs.items():
-                by_job.setdefault(self.owner(key)[0], []).append(alloc)
-            self._by_job = by_job
-        job_ids = list(by_job)
-        records = await self.records(job_ids)
-        # each cycle its own lists: the planner may change a job's (a preempted extra leaves it, preempt.py)
-        return {j: (r, list(by_job[j])) for j, r in zip(job_ids, records, strict=True) if r is not None}
+        if not time.monotonic() < self._none_stale_until:  # a kept record may be due to be read again
+            await self.records(list(by_job))
+        else:  # only the records of jobs with new claims may be missing
+            await self.records([j for j in self._changed if j in by_job and j not in self.known])
+        known = self.known
+        changed: set[str] | None
+        if self._run_whole:
+            self._run = {j: (k.record, list(allocs)) for j, allocs in by_job.items() if (k := known.get(j)) is not None}
+            changed, self._run_whole = None, False
+        else:
+            changed = self._changed
+            for job_id in changed:
+                allocs, k = by_job.get(job_id), known.get(job_id)
+                if allocs and k is not None:
+                    self._run[job_id] = (k.record, list(allocs))
+                else:
+                    self._run.pop(job_id, None)
+        self._changed = set()
+        return dict(self._run), changed

@@ -49,19 +49,26 @@ class RunningTally:
         tally.sync(running)
         return tally
 
-    def sync(self, running: Running) -> None:
-        """Count the jobs of ``running`` (job -> (record, allocations)) and only them."""
+    def sync(self, running: Running, changed: Iterable[str] | None = None) -> None:
+        """Count the jobs of ``running`` (job -> (record, allocations)) and only them; ``changed``: the only jobs
+        that may have come, gone or changed record since the last sync (None: look at every one)."""
         counted = self._counted
-        for job_id in [j for j in counted if j not in running]:
-            self._remove(job_id, counted.pop(job_id))
-        for job_id, (record, _) in running.items():
+        if changed is None:
+            for job_id in [j for j in counted if j not in running]:
+                self._remove(job_id, counted.pop(job_id))
+            changed = running
+        for job_id in changed:
+            held = running.get(job_id)
+            record = held[0] if held is not None else None
             before = counted.get(job_id)
             if before is record:
                 continue
             if before is not None:
                 self._remove(job_id, before)
-            counted[job_id] = record
-            self._add(job_id, record)
+                del counted[job_id]
+            if record is not None:
+                counted[job_id] = record
+                self._add(job_id, record)
         self.synced_to = running
 
     def _add(self, job_id: str, record: JobRecord) -> None:
