@@ -37,7 +37,7 @@ from tide import subjects
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.clock import wall_clock
 from tide.core import DEFAULT_POLICY, Allocation, Placer, Unfit
-from tide.core.cycle import Bind, CycleState, TimedOut, plan_cycle
+from tide.core.cycle import Bind, CycleState, Running, TimedOut, plan_cycle
 from tide.core.job_placement import (
     PodPlacement,
     claim_items,
@@ -110,7 +110,7 @@ from tide.tracing import detached_job_span, job_span, stored_parent, trace_heade
 
 from tide_placer.batch import Batcher
 from tide_placer.metrics import PlacerMetrics
-from tide_placer.view import ClusterView, Running
+from tide_placer.view import ClusterView
 
 log = structlog.get_logger()
 tracer = trace.get_tracer("tide.placer")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import structlog
 from redis.asyncio import Redis
 from tide.core import Allocation, Cluster, OversubscriptionError
+from tide.core.cycle_context import Running
 from tide.core.running_tally import RunningTally
 from tide.runtime import freeze_long_lived
 from tide.schemas.events import JobRecord
@@ -30,7 +31,6 @@ from tide.store import keys
 from tide.store.claims import ClaimStore
 
 log = structlog.get_logger()
-Running = dict[str, tuple[JobRecord, list[Allocation]]]
 
 
 @dataclass(frozen=True)

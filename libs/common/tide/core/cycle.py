@@ -70,9 +70,7 @@ __all__ = ["Bind", "CycleState", "Earmark", "Lending", "Plan", "Preemption", "Ru
 def plan_cycle(state: CycleState, placer: Placer) -> Plan:
     cluster = state.cluster.copy()
     running: Running = dict(state.running)
-    tally = state.tally
-    if tally is None or tally.synced_to is not state.running:
-        tally = RunningTally.of(state.running)
+    tally = RunningTally.counting(state.running, state.tally)
     ctx = CycleContext(
         state=state, placer=placer, plan=Plan(), cluster=cluster, running=running, tally=tally,
         usage=QueueUsage.of(state.tree, state.running, state.pending, tally),

@@ -105,10 +105,8 @@ class QueueUsage:
            tally: RunningTally | None = None) -> QueueUsage:
         """Running jobs that are not stopping, and the demand of nominated preemptors not yet placed, summed
         exactly (``RunningTally``: ``tally`` when it counts ``running``, else one counted now)."""
-        if tally is None or tally.synced_to is not running:
-            tally = RunningTally.of(running)
         nominated = [r for r in pending if r.nominated_at is not None and r.job_id not in running]
-        return cls(tree, tally.usage(tree, nominated))
+        return cls(tree, RunningTally.counting(running, tally).usage(tree, nominated))
 
     def admit(self, queue: str, demand: Mapping[str, float]) -> None:
         for path in self.tree.ancestors(self.tree.resolve(queue)):

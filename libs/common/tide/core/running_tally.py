@@ -16,7 +16,7 @@ the live placer keeps one across cycles: both plan with the same numbers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 from tide.core.job_placement import GPU_UNITS, demand_units
@@ -48,6 +48,11 @@ class RunningTally:
         tally = cls()
         tally.sync(running)
         return tally
+
+    @classmethod
+    def counting(cls, running: Running, kept: RunningTally | None) -> RunningTally:
+        """``kept`` when it was last synced to ``running`` (this very map), else one counted now."""
+        return kept if kept is not None and kept.synced_to is running else cls.of(running)
 
     def sync(self, running: Running, changed: Iterable[str] | None = None) -> None:
         """Count the jobs of ``running`` (job -> (record, allocations)) and only them; ``changed``: the only jobs
@@ -95,7 +100,7 @@ class RunningTally:
                 del self._running_by_priority[priority]
         self.elastic.discard(job_id)
 
-    def usage(self, tree: QueueTree, nominated: Iterable[JobRecord] = ()) -> dict[str, Resources]:
+    def usage(self, tree: QueueTree, nominated: Collection[JobRecord] = ()) -> dict[str, Resources]:
         """Usage per queue path (each queue's sums in it and all its ancestors) of the counted jobs and of
         ``nominated`` (preemptors not yet placed, counted from their nomination)."""
         by_queue = self._by_queue
