@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from tide.core.admit import admission_order, quota_check
 from tide.core.backfill import Earmark, earmark_for, may_use_earmarked
+from tide.core.cluster import Cluster
 from tide.core.consolidate import consolidate_for
 from tide.core.cycle_context import (
     Bind,
@@ -118,7 +119,7 @@ def _admit_and_place(ctx: CycleContext) -> None:
                 # now, the job tries it again (after its requeue backoff) rather than wait forever (every
                 # node of a small cluster may have failed once, e.g. while its agent restarted); it never
                 # preempts for one, below
-                result = _placed_on_avoided(ctx, record, exclude, feedback, result)
+                result = _placed_on_avoided(ctx, record, view, exclude, feedback, result)
         if isinstance(result, Unfit):
             if result.resolvable and not check.excess and consolidate_for(ctx, record, exclude, feedback):
                 ctx.waiting = True  # its moved jobs stop; it is nominated like a preemptor
@@ -148,15 +149,15 @@ def _admit_and_place(ctx: CycleContext) -> None:
         _bind(ctx, record, result, feedback)
 
 
-def _placed_on_avoided(ctx: CycleContext, record: JobRecord, exclude: set[str], feedback: FamilyWeights | None,
-                       unfit: Unfit) -> list[PodPlacement] | Unfit:
-    """The job placed allowing the nodes it avoids (still not lost or earmarked ones), else ``unfit``."""
+def _placed_on_avoided(ctx: CycleContext, record: JobRecord, view: Cluster, exclude: set[str],
+                       feedback: FamilyWeights | None, unfit: Unfit) -> list[PodPlacement] | Unfit:
+    """The job placed on ``view`` (its view of the cluster) allowing the nodes it avoids (still not lost or
+    earmarked ones), else ``unfit``."""
     avoided = set(record.avoid_nodes) - ctx.state.lost
     if ctx.earmark is not None and not may_use_earmarked(record, ctx.earmark, ctx.state.now, ctx.tree):
         avoided -= set(ctx.earmark.nodes)
     if not avoided:
         return unfit
-    view = lent_view(ctx.cluster, record, ctx.tide_states, ctx.running)
     again = place_job(ctx.placer, view, record.spec, ctx.state.nodes, exclude - avoided, feedback)
     return unfit if isinstance(again, Unfit) else again
 
