@@ -1,5 +1,5 @@
-"""The metrics service follows job progress in the publishers' digests, one delivery for many events, and takes
-the terminal events only through its durable consumer (issue 17)."""
+"""The metrics service follows job progress and successes in the publishers' digests, one delivery for many
+events, and takes failures, cancellations and rejections only through its durable consumer (issue 17)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 
 import nats
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
 from tide import events as events_module
 from tide import subjects
 from tide.bus.nats import ensure_streams
@@ -26,6 +27,10 @@ def test_an_unknown_event_kind_has_no_subject() -> None:
     with pytest.raises(ValueError, match="unknown job event kind 'launched'"):
         subjects.job_event("j", "launched")
     assert not set(subjects.TERMINAL_EVENT_KINDS) & set(subjects.PROGRESS_EVENT_KINDS)
+    # every kind reaches metrics one way, and exactly one
+    assert subjects.DIGEST_EVENT_KINDS | set(subjects.DURABLE_EVENT_KINDS) == subjects.JOB_EVENT_KINDS
+    assert not subjects.DIGEST_EVENT_KINDS & set(subjects.DURABLE_EVENT_KINDS)
+    assert "failed" in subjects.DURABLE_EVENT_KINDS, "an OOM failure is answered with a resubmission: never missed"
 
 
 def record(job_id: str) -> JobRecord:
@@ -33,7 +38,7 @@ def record(job_id: str) -> JobRecord:
                      updated_at=0.0)
 
 
-async def test_progress_events_reach_metrics_in_one_digest_and_terminal_ones_only_durably(
+async def test_progress_and_success_reach_metrics_in_one_digest_and_failures_only_durably(
         nats_url: str, redis_url: str) -> None:  # noqa: F811 - the fixture imported above
     svc = MetricsService(Settings(nats_url=nats_url, redis_url=redis_url))
     nc = await nats.connect(nats_url)
@@ -51,24 +56,47 @@ async def test_progress_events_reach_metrics_in_one_digest_and_terminal_ones_onl
         stored.append(msg.subject)
 
     await nc.subscribe(subjects.job_events("*"), cb=on_event)
+    # the durable consumer as a version that took every terminal kind durably left it: narrowed at start
+    await js.add_consumer("EVENTS", ConsumerConfig(
+        durable_name=subjects.METRICS_EVENTS.durable, ack_policy=AckPolicy.EXPLICIT,
+        filter_subjects=[subjects.job_event("*", k) for k in subjects.TERMINAL_EVENT_KINDS]))
     await svc.start()
+    stop = asyncio.Event()
+    running = asyncio.get_running_loop().create_task(svc.run(stop))
     events = EventPublisher(js, nc, window_s=1.0)  # longer than the eight publishes take, even on a loaded box
+    ended: list[tuple[str, str]] = []
+    timelines: dict[str, set[str]] = {}  # each job's kinds when it ended
+    job_ended = svc._job_ended
+
+    async def seen_ending(event, timeline) -> None:  # type: ignore[no-untyped-def]
+        ended.append((event.job_id, event.kind))
+        timelines[event.job_id] = set(timeline.last)
+        await job_ended(event, timeline)
+
+    svc._job_ended = seen_ending  # type: ignore[method-assign]
     try:
-        for job_id in ("a", "b"):
-            for kind in ("queued", "placed", "running", "succeeded"):
+        for job_id, end in (("a", "succeeded"), ("b", "failed")):
+            for kind in ("queued", "placed", "running", end):
                 await events.publish(record(job_id), kind)
         for _ in range(250):
-            if svc._events.delivered >= 1 and {"a", "b"} <= svc.timelines.keys():
+            if svc._events.delivered >= 1 and len(ended) == 2:
                 break
             await asyncio.sleep(0.02)
-        await asyncio.sleep(1.2)  # a second digest would have come by now (one window)
+        await asyncio.sleep(1.2)  # a second digest, or a second delivery, would have come by now (one window)
         assert len(stored) == 8, "every event, terminal ones included, is on its own subject for users"
-        assert svc._events.delivered == 1, "eight events, six of them progress: one digest"
+        assert svc._events.delivered == 1, "eight events, one of them a failure: one durable delivery"
+        assert len(digests) == 1, "the other seven: one digest"
         assert [(e.job_id, e.kind) for e in digests[0].events] == [
-            (j, k) for j in ("a", "b") for k in ("queued", "placed", "running")], "in order, no terminal event"
-        for job_id in ("a", "b"):  # metrics followed each job's progress from the digest
-            assert svc.timelines[job_id].last.keys() == {"queued", "placed", "running"}, job_id
+            ("a", "queued"), ("a", "placed"), ("a", "running"), ("a", "succeeded"),
+            ("b", "queued"), ("b", "placed"), ("b", "running")], "in order, no failure"
+        assert sorted(ended) == [("a", "succeeded"), ("b", "failed")], "each ending handled once"
+        assert timelines["a"] == {"queued", "placed", "running", "succeeded"}, "a success after its progress"
+        consumer = await js.consumer_info("EVENTS", subjects.METRICS_EVENTS.durable)
+        assert consumer.config.filter_subjects == [subjects.job_event("*", k) for k in subjects.DURABLE_EVENT_KINDS]
+        assert consumer.delivered.stream_seq > 0 and consumer.num_pending == 0 and consumer.num_ack_pending == 0
     finally:
+        stop.set()
+        await running
         await events.flush()
         await svc.close()
         await nc.close()

@@ -7,11 +7,11 @@ import asyncio
 from typing import Any
 
 from redis.asyncio import Redis
+from tide.batch import Batcher
 from tide.schemas.events import JobRecord
 from tide.schemas.job import JobSpec
 from tide.store import keys
 from tide.store.jobs import JobStore
-from tide_placer.batch import Batcher
 
 from tests.helpers import job
 
@@ -84,3 +84,25 @@ async def test_a_flushed_script_cache_is_loaded_again(redis: Redis) -> None:
     jobs, batch = batched(redis)
     done = await asyncio.gather(*[jobs.update(j, set_reason("after flush")) for j in ("x", "y")])
     assert [d.reason for d in done if d] == ["after flush", "after flush"]
+
+
+async def test_submissions_created_together_are_one_pipeline_and_an_existing_id_is_refused(redis: Redis) -> None:
+    """The queue's intake (``JobStore.create_many`` behind a ``Batcher``): each job stored and enqueued as ``create``
+    would, a second record under a stored id refused and the stored one left as it was, after a flushed script
+    cache too."""
+    await redis.flushdb()
+    jobs = JobStore(redis)
+    first = record("a")
+    first.reason = "first"
+    assert await jobs.create(first, 5.0)
+    await redis.script_flush()
+    creates: Batcher[tuple[JobRecord, float], bool] = Batcher(jobs.create_many)
+    again = record("a")
+    again.reason = "second"
+    created = await asyncio.gather(*[creates((r, s)) for r, s in
+                                     ((record("b"), 2.0), (again, 0.5), (record("c"), 1.0), (record("b"), 0.1))])
+    assert creates.batches == 1
+    assert created == [True, False, True, False]
+    assert (await jobs.get("a")).reason == "first"  # type: ignore[union-attr]
+    assert await jobs.pending() == ["c", "b", "a"]
+    assert await redis.zrange(keys.JOBS_INDEX, 0, -1) == ["a", "b", "c"]

@@ -47,10 +47,11 @@ class _Unstored:
 
 class EventPublisher:
     """Publishes job events on ``tide.events.job.<id>.<kind>`` (JetStream: what users follow), and gathers the
-    progress kinds into one digest for the metrics service (``subjects.EVENT_DIGEST``, core NATS) every
-    ``window_s``: one message per digest where a plain subscription per kind cost metrics one delivery per
-    event. The terminal kinds are not digested: metrics takes them through its durable consumer (the feedback
-    loop acts on them). An event joins the digest only once JetStream has stored it.
+    kinds of ``subjects.DIGEST_EVENT_KINDS`` (progress and success) into one digest for the metrics service
+    (``subjects.EVENT_DIGEST``, core NATS) every ``window_s``: one message per digest where a consumer cost
+    metrics a delivery (and an ack) per event. Failures, cancellations and rejections are not digested: metrics
+    takes them through its durable consumer (``subjects.DURABLE_EVENT_KINDS``). An event joins the digest only
+    once JetStream has stored it.
 
     The events published in one turn of the event loop (a placement cycle's, a batch of submissions', a status
     batch's) go to JetStream as one atomic batch (``tide.bus.nats.publish_batch``) when they are at least
@@ -95,7 +96,7 @@ class EventPublisher:
             wait_s=wait_s,
         )
         await self._store(job_event(record.job_id, kind), event)
-        if kind in subjects.PROGRESS_EVENT_KINDS:
+        if kind in subjects.DIGEST_EVENT_KINDS:
             self._pending.append(event)
             if len(self._pending) >= DIGEST_MAX_EVENTS:
                 self._send()

@@ -43,14 +43,19 @@ EVENTS_ALL = f"{PREFIX}.events.>"
 JOB_EVENTS_ALL = f"{PREFIX}.events.job.>"
 
 
-# Every kind of job event. The terminal ones end a job's story (metrics takes them through its durable
-# consumer); the others are its progress (metrics follows them in the publishers' digests, ``EVENT_DIGEST``, so
-# a terminal event is not delivered to it twice). A kind not listed here cannot be published: ``job_event``
-# refuses it.
+# Every kind of job event. The terminal ones end a job's story; the others are its progress. A kind not listed
+# here cannot be published: ``job_event`` refuses it.
 TERMINAL_EVENT_KINDS = ("succeeded", "failed", "cancelled", "rejected")
 PROGRESS_EVENT_KINDS = ("queued", "placed", "running", "unschedulable", "requeued", "preempted", "pod-preempted",
                         "pod-started", "pod-exited", "checkpoint", "extras-placed", "extras-requeued", "shrunk")
 JOB_EVENT_KINDS = frozenset(TERMINAL_EVENT_KINDS + PROGRESS_EVENT_KINDS)
+# The kinds the metrics service must not miss come to it through its durable consumer: a failure may be an OOM,
+# which the feedback loop answers with a resubmission (a job), and cancellations and rejections are rare. Every
+# other kind comes in the publishers' digests (``EVENT_DIGEST``, at most once), success included: all it does in
+# metrics is count, time, and decay a family's memory multiplier after a clean run (a missed one leaves the
+# multiplier for the next clean run to decay). One delivery per digest instead of a delivery and an ack per job.
+DURABLE_EVENT_KINDS = ("failed", "cancelled", "rejected")
+DIGEST_EVENT_KINDS = frozenset(JOB_EVENT_KINDS - set(DURABLE_EVENT_KINDS))
 
 
 def job_event(job_id: str, kind: str) -> str:

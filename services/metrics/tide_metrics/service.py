@@ -317,7 +317,7 @@ class MetricsService:
     # ------------------------------------------------------------ run
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(
-            consume(self.js, TERMINAL_EVENTS, self._on_event, stop, order_key=event_order_key),
+            consume(self.js, DURABLE_EVENTS, self._on_event, stop, order_key=event_order_key),
             self.dead_letters.run(self.js, stop),
             every(self.settings.metrics_poll_s, stop, self._poll),
         )
@@ -462,15 +462,15 @@ class MetricsService:
         await msg.ack()
 
     async def _on_digest(self, msg: Msg) -> None:
-        """A digest of non-terminal events (the terminal ones come through ``TERMINAL_EVENTS``), in the order its
-        service published them."""
+        """A digest of events (``subjects.DIGEST_EVENT_KINDS``; the others come through ``DURABLE_EVENTS``), in
+        the order its service published them."""
         try:
             digest = JobEventDigest.model_validate_json(msg.data)
         except ValueError:
             log.warning("event_digest_invalid", bytes=len(msg.data))
             return
         for event in digest.events:
-            if event.kind not in TERMINAL_KINDS:
+            if event.kind in subjects.DIGEST_EVENT_KINDS:  # never one of the durable kinds twice
                 self._follow(event)
 
     def _follow(self, event: JobEvent) -> None:
@@ -522,7 +522,9 @@ class MetricsService:
         if self.settings.feedback_enabled:
             if event.kind == "failed" and "OOM" in event.reason:
                 await self.feedback.job_failed_oom(event.job_id, usage)
-            elif event.kind == "succeeded":
+            elif event.kind == "succeeded" and (info is None or info.family in self.snapshot.weights):
+                # a clean run only decays a family that has weights: the snapshot (read every poll, and at once
+                # after this service, their only writer, changes them) says which, without a read per job
                 await self.feedback.job_succeeded(event.job_id, usage, info.spec if info else None)
             if event.kind in ("succeeded", "failed") and usage is not None:
                 await self.feedback.job_traffic(event.job_id, usage)
@@ -576,8 +578,8 @@ class MetricsService:
 
 
 OOM_REASON = re.compile(r"\bOOM\b")
-TERMINAL_EVENTS = dataclasses.replace(
-    subjects.METRICS_EVENTS, filter_subjects=[subjects.job_event("*", kind) for kind in sorted(TERMINAL_KINDS)])
+DURABLE_EVENTS = dataclasses.replace(
+    subjects.METRICS_EVENTS, filter_subjects=[subjects.job_event("*", kind) for kind in subjects.DURABLE_EVENT_KINDS])
 """The durable consumer ``metrics-events``, on the terminal events only."""
 
 

@@ -34,6 +34,7 @@ import structlog
 from nats.aio.msg import Msg
 from opentelemetry import trace
 from tide import subjects
+from tide.batch import Batcher
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.clock import wall_clock
 from tide.core import DEFAULT_POLICY, Allocation, Placer, Unfit
@@ -108,7 +109,6 @@ from tide.store.lease import LeaderLease, transition
 from tide.store.redis import redis_for
 from tide.tracing import detached_job_span, job_span, stored_parent, trace_headers, traceparent_of
 
-from tide_placer.batch import Batcher
 from tide_placer.metrics import PlacerMetrics
 from tide_placer.view import ClusterView
 

@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.js.api import RawStreamMsg
 from opentelemetry import trace
 from tide import subjects
+from tide.batch import Batcher
 from tide.bus.dead_letters import DeadLetter, is_job_token
 from tide.bus.nats import close_nats, connect, consume, ensure_streams, publish
 from tide.core.job_placement import job_demand
@@ -127,6 +128,9 @@ class QueueService:
         await ensure_streams(self.js)
         self.redis = redis_for(self.settings)
         self.jobs = JobStore(self.redis)
+        # the submissions of a fetched batch are handled concurrently: their Redis steps go together
+        self._creates: Batcher[tuple[JobRecord, float], bool] = Batcher(self.jobs.create_many)
+        self._pending_counts: Batcher[None, int] = Batcher(self._count_pending)
         await self.nc.subscribe(subjects.API_STATUS, cb=self._api_status)
         await self.nc.subscribe(subjects.API_STATUS_TENANTS, cb=self._api_status)
         # each in a task of its own: a node that does not answer must not hold up other tenants' requests
@@ -179,7 +183,7 @@ class QueueService:
         tenant_limit = (tenant.max_pending if tenant and tenant.max_pending is not None
                         else self.settings.max_pending_per_tenant)
         limits = [queue_limit] + ([tenant_limit] if owner else [])
-        if await self.redis.zcard(keys.PENDING) < min(limits):
+        if await self._pending_counts(None) < min(limits):
             return sub
         job_id = sub.job_id
         records = [r for r in await self.jobs.get_many(await self.jobs.pending(10 * max(limits)))
@@ -193,6 +197,10 @@ class QueueService:
             return JobRejected(job_id=job_id, field="tenant",
                                reason=f"tenant {owner!r} has {tenant_limit} pending jobs, its limit; retry later")
         return sub
+
+    async def _count_pending(self, asking: list[None]) -> list[int]:
+        """The pending set's size, read once for every submission that asks in the same turn."""
+        return [await self.redis.zcard(keys.PENDING)] * len(asking)
 
     async def _reject(self, rejection: JobRejected, owner: str | None = None) -> None:
         log.info("job_rejected", job_id=rejection.job_id, field=rejection.field, reason=rejection.reason,
@@ -234,7 +242,7 @@ class QueueService:
             trace_parent=current_traceparent(),  # queue.submit's (a child of the submitter's): the placer goes on
         )
         score = pending_score(sub.spec.metadata.priority_class, sub.ts)
-        created = await self.jobs.create(record, score)
+        created = await self._creates((record, score))
         if not created:
             # The same id again (a client retrying, or a user resubmitting with --job-id): the same job. Its
             # verdict is the job as it stands, so a retry never makes a second job nor sets one back to pending.

@@ -42,6 +42,25 @@ class JobStore:
         )
         return bool(created)
 
+    async def create_many(self, jobs: list[tuple[JobRecord, float]]) -> list[bool]:
+        """``create`` for each (record, pending score), in one pipeline: whether each was stored, in order."""
+        if len(jobs) == 1:
+            return [await self.create(*jobs[0])]
+        calls = [([keys.job(r.job_id), keys.JOBS_INDEX, keys.PENDING], [r.to_json(), r.job_id, r.submitted_at, score])
+                 for r, score in jobs]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call_keys, call_args in calls:
+                pipe.evalsha(self._create.sha, len(call_keys), *call_keys, *call_args)
+            results = await pipe.execute(raise_on_error=False)
+        out: list[bool] = []
+        for (call_keys, call_args), result in zip(calls, results, strict=True):
+            if isinstance(result, NoScriptError):  # a restarted server: this call loads it
+                result = await self._create(keys=call_keys, args=call_args)
+            elif isinstance(result, Exception):
+                raise result
+            out.append(bool(result))
+        return out
+
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.get(keys.job(job_id))
         return JobRecord.model_validate_json(raw) if raw else None

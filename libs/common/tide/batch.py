@@ -13,8 +13,9 @@ R = TypeVar("R")
 class Batcher(Generic[T, R]):
     """``await batcher(item)`` answers with ``run``'s result for that item; every call made before the event loop's
     next turn goes to one ``run(items)`` (its results in the items' order). The placer's concurrent steps (a
-    cycle's gangs reserved or committed, a status batch's exits) reach their Redis step in the same turn: one call
-    for all of them instead of one each. An exception of ``run`` is every caller's."""
+    cycle's gangs reserved or committed, a status batch's exits) and the queue's (a fetched batch's submissions)
+    reach their Redis step in the same turn: one call for all of them instead of one each. An exception of ``run``
+    is every caller's."""
 
     def __init__(self, run: Callable[[list[T]], Awaitable[list[R]]]) -> None:
         self.run = run

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tide_placer.batch import Batcher
+from tide.batch import Batcher
 
 
 async def test_calls_of_one_turn_are_one_batch_and_a_lone_call_goes_at_once() -> None:
