@@ -12,9 +12,11 @@ from tide.core import Allocation
 from tide.core.queues import QueueTree
 from tide.schemas.events import JobRecord, JobState, PodRecord
 from tide.schemas.job import JobSpec
+from tide.settings import Settings
 from tide.store import keys
 from tide.store.claims import ClaimItem, ClaimStore, PodClaim
 from tide_placer import view as view_module
+from tide_placer.service import PlacerService
 from tide_placer.view import ClusterView
 
 from tests.helpers import job, small_node
@@ -100,3 +102,38 @@ async def test_a_kept_record_is_read_again_once_older_than_the_resync_period(red
     assert again is not None and again.reason == "changed in Redis by another placer"
     [fresh] = await view.records(["s"])
     assert fresh is not None and fresh is not new, "'s' was kept as long: it is read again too"
+
+
+async def test_an_idle_cycle_rebuilds_a_view_that_is_due_so_the_next_job_does_not_wait_for_it(
+        redis: Redis, monkeypatch) -> None:
+    """Issue 17: the view was rebuilt only in cycles with a job to place, so the first job after a quiet spell (or
+    after the placer started) waited for the whole rebuild in its own cycle: 1,000 nodes read and built, ~130 ms,
+    and one resync later the GC freeze, ~100 ms. A cycle with nothing pending now rebuilds a view that is due."""
+    frozen: list[int] = []
+    monkeypatch.setattr(view_module, "freeze_long_lived", lambda: frozen.append(1))
+    await redis.flushdb()
+    claims = ClaimStore(redis)
+    for n in ("n0", "n1"):
+        await claims.set_capacity(small_node(n, gpus=2))
+    svc = PlacerService(Settings(placer_resync_s=60.0))
+    svc.redis, svc.claims = redis, claims
+    svc.view = view = ClusterView(redis, claims, resync_s=60.0)
+    svc._extras_wanted = False  # no running elastic job misses its extras: nothing to plan
+    version = await redis.get(keys.NODES_VERSION)
+    assert view.rebuild_due(version), "never built"
+    await svc._place_pending()
+    assert not view.rebuild_due(version) and {n.node_id for n in view.nodes} == {"n0", "n1"}
+    built = view._built
+    await svc._place_pending()
+    assert view._built == built, "a view that is not due is left alone while idle"
+
+    await claims.set_capacity(small_node("n2", gpus=2))  # a node registers
+    version = await redis.get(keys.NODES_VERSION)
+    assert view.rebuild_due(version)
+    await svc._place_pending()
+    assert not view.rebuild_due(version) and len(view.nodes) == 3
+    view.invalidate()
+    assert view.rebuild_due(version)
+    view.resync_s = 0.0
+    await svc._place_pending()
+    assert view._built > built and frozen == [1], "nodes held still for a resync: frozen out of the GC, while idle"

@@ -141,8 +141,7 @@ class ClusterView:
                 version, members = await pipe.execute()
             read = (version, set(members))
         version, claim_keys = read
-        fresh = time.monotonic() - self._built < self.resync_s
-        if self._stale or not fresh or version != self._nodes_version:
+        if self.rebuild_due(version):
             nodes_held_still = version == self._nodes_version  # for a whole resync period
             self._nodes_version = version
             await self._rebuild(claim_keys, read_nodes=self._stale or not nodes_held_still)
@@ -158,6 +157,12 @@ class ClusterView:
         if len(self.known) > len(pending_ids) + len(running):  # then some kept record is of neither
             self.forget_except(set(pending_ids) | set(running))
         return self.nodes, self.cluster, running
+
+    def rebuild_due(self, nodes_version: str | None) -> bool:
+        """The next ``refresh`` rebuilds the cluster from scratch: never built, told it is stale, a node
+        (re-)registered, or ``resync_s`` passed since the last build."""
+        return (self._stale or nodes_version != self._nodes_version
+                or time.monotonic() - self._built >= self.resync_s)
 
     async def _read_nodes(self) -> list[NodeDescription]:
         """Every registered node; a description is parsed again only when its stored JSON changed. One the
