@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +26,8 @@ class Settings(BaseSettings):
 
     log_format: str = Field(default="json", description="json or console")
     log_level: str = "info"
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop", description="the services' event loop: uvloop where installed, else asyncio's own")
     otlp_endpoint: str | None = Field(default=None, description="OTLP/HTTP traces endpoint; none = no export")
     ready_file: Path | None = Field(default=None, description="touched once the service is ready")
 
