@@ -580,7 +580,8 @@ class MetricsService:
 OOM_REASON = re.compile(r"\bOOM\b")
 DURABLE_EVENTS = dataclasses.replace(
     subjects.METRICS_EVENTS, filter_subjects=[subjects.job_event("*", kind) for kind in subjects.DURABLE_EVENT_KINDS])
-"""The durable consumer ``metrics-events``, on the terminal events only."""
+"""The durable consumer ``metrics-events``, on the kinds metrics must not miss only (failures, cancellations,
+rejections: ``subjects.DURABLE_EVENT_KINDS``)."""
 
 
 def event_order_key(msg: Msg) -> str:

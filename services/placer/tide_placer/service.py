@@ -478,7 +478,8 @@ class PlacerService:
         if not pending_ids and not tides and not self._extras_wanted:
             if self.view.rebuild_due(nodes_version):
                 # No job waits on this cycle: the view is rebuilt now rather than in the next job's cycle (1,000
-                # nodes: reading and building them ~40-130 ms, and the GC freeze once they held still ~100 ms).
+                # nodes: reading and building them, 165 ms the first time; the GC freeze once they held still,
+                # ~100 ms; docs/benchmarks.md, issue 17 seventh round).
                 await self.view.refresh(pending_ids, (nodes_version, set(claim_keys)))
             return
         now = time.time()
