@@ -8,6 +8,7 @@ from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from tide.schemas.events import JobRecord
@@ -17,6 +18,12 @@ from tide.store.claims import FencedOut
 
 def _no_fence() -> str:
     return ""
+
+
+def _create_call(record: JobRecord, pending_score: float) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of ``create_job.lua`` for one new job."""
+    return ([keys.job(record.job_id), keys.JOBS_INDEX, keys.PENDING],
+            [record.to_json(), record.job_id, record.submitted_at, pending_score])
 
 
 class JobStore:
@@ -36,30 +43,16 @@ class JobStore:
 
     async def create(self, record: JobRecord, pending_score: float) -> bool:
         """Store a new job and enqueue it; False (and no change) when the id already exists."""
-        created = await self._create(
-            keys=[keys.job(record.job_id), keys.JOBS_INDEX, keys.PENDING],
-            args=[record.to_json(), record.job_id, record.submitted_at, pending_score],
-        )
+        created = await self._create(*_create_call(record, pending_score))
         return bool(created)
 
     async def create_many(self, jobs: list[tuple[JobRecord, float]]) -> list[bool]:
         """``create`` for each (record, pending score), in one pipeline: whether each was stored, in order."""
-        if len(jobs) == 1:
-            return [await self.create(*jobs[0])]
-        calls = [([keys.job(r.job_id), keys.JOBS_INDEX, keys.PENDING], [r.to_json(), r.job_id, r.submitted_at, score])
-                 for r, score in jobs]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for call_keys, call_args in calls:
-                pipe.evalsha(self._create.sha, len(call_keys), *call_keys, *call_args)
-            results = await pipe.execute(raise_on_error=False)
-        out: list[bool] = []
-        for (call_keys, call_args), result in zip(calls, results, strict=True):
-            if isinstance(result, NoScriptError):  # a restarted server: this call loads it
-                result = await self._create(keys=call_keys, args=call_args)
-            elif isinstance(result, Exception):
+        results = await self._run_many(self._create, [_create_call(r, score) for r, score in jobs])
+        for result in results:
+            if isinstance(result, Exception):
                 raise result
-            out.append(bool(result))
-        return out
+        return [bool(result) for result in results]
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.get(keys.job(job_id))
@@ -120,21 +113,26 @@ class JobStore:
 
     async def cas_many(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
         """Several compare-and-set scripts (keys, args) in one pipeline; each one's result, or its own error
+        (``ResponseError``) as the value, in order."""
+        return await self._run_many(self._cas, calls)
+
+    async def _run_many(self, script: AsyncScript, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """``script`` once per (keys, args), in one pipeline; each call's result, or its own error
         (``ResponseError``) as the value, in order. A server that lost its script cache gets the script again."""
         if len(calls) == 1:
             try:
-                return [await self._cas(keys=calls[0][0], args=calls[0][1])]
+                return [await script(keys=calls[0][0], args=calls[0][1])]
             except ResponseError as exc:
                 return [exc]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for cas_keys, cas_args in calls:
-                pipe.evalsha(self._cas.sha, len(cas_keys), *cas_keys, *cas_args)
+            for call_keys, call_args in calls:
+                pipe.evalsha(script.sha, len(call_keys), *call_keys, *call_args)
             results = await pipe.execute(raise_on_error=False)
         out: list[Any] = []
-        for (cas_keys, cas_args), result in zip(calls, results, strict=True):
+        for (call_keys, call_args), result in zip(calls, results, strict=True):
             if isinstance(result, NoScriptError):  # a restarted server: this call loads it
                 try:
-                    result = await self._cas(keys=cas_keys, args=cas_args)
+                    result = await script(keys=call_keys, args=call_args)
                 except ResponseError as exc:
                     result = exc
             out.append(result)
