@@ -126,6 +126,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def syscalls(pid: int) -> tuple[int, int]:
+    """(read, write) system calls the process made so far (``/proc/<pid>/io`` syscr, syscw): each socket read or
+    write is one, and on a virtual machine each costs tens of microseconds."""
+    fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(fields["syscr"]), int(fields["syscw"])
+
+
 def nats_stats(info: StackInfo, observer: str) -> tuple[int, int, int]:
     """(in_msgs, out_msgs) of the NATS server (``/varz``), and the messages it exchanged with the connection
     named ``observer`` (``/connz``: in + out), which are the benchmark's, not the stack's."""
@@ -204,6 +211,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
     msgs0 = nats_stats(info, OBSERVER)
     clients0 = messages_by_client(info)
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    calls0 = {name: syscalls(pid) for name, pid in pids.items()}
     cycles0 = placer_cycles(info)
     own0, wall0 = time.process_time(), time.monotonic()
     spec = {"metadata": {"name": "lat"}, "spec": {"template": {"command": ["sleep", str(run_s)],
@@ -225,6 +233,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.2)  # the last events' acks
     cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+    calls = {name: [b - a for a, b in zip(calls0[name], syscalls(pid), strict=True)] for name, pid in pids.items()}
     own_cpu, wall = time.process_time() - own0, time.monotonic() - wall0
     msgs1 = nats_stats(info, OBSERVER)
     clients = messages_by_client(info) - clients0
@@ -275,6 +284,8 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         "cpu_ms_per_job_total": round(sum(cpu_ms.values()), 2),
         "cpu_ms_per_job_net_of_idle": {name: round(c, 2) for name, c in net_ms.items()},
         "cpu_ms_per_job_net_of_idle_total": round(sum(net_ms.values()), 2),
+        # read and write system calls of each process per job (raw: the idle stack's included)
+        "syscalls_per_job": {name: [round(c / done, 1) for c in rw] for name, rw in calls.items()},
         "load_generator_and_agents_cpu_ms_per_job": round(own_cpu * 1000 / done, 2),
         "load_generator_and_agents_cores": round(own_cpu / wall, 2),  # this process's share of the cores
     }

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 from tide.store import keys
-from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim
+from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim, RecordWrite
 
 from tests.helpers import small_node
 
@@ -99,3 +99,75 @@ async def test_key_hints_save_the_reads_and_a_wrong_hint_only_costs_a_retry(redi
     used = await redis.hgetall(keys.used("n1"))
     assert int(used["g0.milli"]) == int(used_before["g0.milli"]) - 1000
     assert int(used["g1.milli"]) == int(used_before["g1.milli"]) - 500
+
+
+def count_reads(store: ClaimStore) -> list[str]:
+    """What the store reads before its scripts (lapsed reservations, the claims' keys), as it reads them."""
+    reads: list[str] = []
+    lapsed, touched = store._lapsed, store._touched
+
+    async def counted_lapsed(*args: object) -> dict[str, str]:
+        reads.append("lapsed")
+        return await lapsed(*args)  # type: ignore[arg-type]
+
+    async def counted_touched(*args: object) -> list[str]:
+        reads.append("keys")
+        return await touched(*args)  # type: ignore[arg-type]
+
+    store._lapsed, store._touched = counted_lapsed, counted_touched  # type: ignore[method-assign]
+    return reads
+
+
+async def test_a_cycle_s_claims_and_hinted_commits_read_nothing_before_their_script(redis: Redis) -> None:
+    store = await fresh(redis)
+    reads = count_reads(store)
+    assert [ok for ok, _ in await store.reserve_many([GANGS[0], GANGS[2]], 30_000, lapsing=[])] == [True, True]
+    a_keys = [c.key for c in GANGS[0][0]] + [keys.used("n0"), keys.used("n1")]
+    assert await store.commit_many(["a:1"], a_keys) == [True]
+    assert reads == []
+    assert [ok for ok, _ in await store.reserve_many([GANGS[4]], 30_000)] == [True]  # lapses unknown: looked up
+    assert reads == ["lapsed", "keys"]
+
+
+async def test_a_reservation_named_lapsing_is_released_before_the_claims(redis: Redis) -> None:
+    store = await fresh(redis)
+    assert [ok for ok, _ in await store.reserve_many([GANGS[0]], 30_000)] == [True]
+    await redis.zadd(keys.RESERVATIONS, {"a:1": 1})  # lapsed long ago
+    # b wants a's GPU: refused while a's lapsed reservation holds it unseen, granted once it is named
+    assert [ok for ok, _ in await store.reserve_many([GANGS[1]], 30_000, lapsing=[])] == [False]
+    assert [ok for ok, _ in await store.reserve_many([GANGS[1]], 30_000, lapsing=["a:1"])] == [True]
+    assert await redis.lrange(keys.EXPIRED_RESERVATIONS, 0, -1) == ["a:1"]
+
+
+async def test_records_are_written_with_their_claims_released_or_neither(redis: Redis) -> None:
+    store = await fresh(redis)
+    await store.reserve_many([GANGS[0], GANGS[2]], 30_000)
+    await store.commit_many(["a:1", "c:1"])
+    await redis.set(keys.job("a"), "a-v1")
+    await redis.set(keys.job("c"), "c-v1")
+    a0, a1 = (c.key for c in GANGS[0][0])
+    c0 = GANGS[2][0][0].key
+    used_before = await redis.hgetall(keys.used("n0"))
+    written = await store.write_and_release([
+        RecordWrite("a", "a-v1", "a-v2", (a0,)),
+        RecordWrite("c", "c-v0", "c-v2", (c0,)),  # c's record moved on: neither written nor released
+        RecordWrite("a", "a-v1", "a-v3", (a1,)),  # the same job again on the same expected record: refused
+    ], known=[keys.used("n0")])  # a1's node missing from the hint: read, then run again
+    assert written == [True, False, False]
+    assert await redis.get(keys.job("a")) == "a-v2" and await redis.get(keys.job("c")) == "c-v1"
+    assert set(await redis.smembers(keys.CLAIMS_INDEX)) == {a1, c0, GANGS[2][0][1].key}
+    used = await redis.hgetall(keys.used("n0"))
+    assert int(used["g0.milli"]) == int(used_before["g0.milli"]) - 1000
+    assert int(used["g1.milli"]) == int(used_before["g1.milli"])
+
+
+async def test_a_fenced_record_write_releases_nothing(redis: Redis) -> None:
+    store = await fresh(redis)
+    await store.reserve_many([GANGS[0]], 30_000)
+    await redis.set(keys.job("a"), "a-v1")
+    await redis.set(keys.PLACER_LEADER, "other")
+    fenced = ClaimStore(redis, fence=lambda: "mine")
+    with pytest.raises(FencedOut):
+        await fenced.write_and_release([RecordWrite("a", "a-v1", "a-v2", (GANGS[0][0][0].key,))])
+    assert await redis.get(keys.job("a")) == "a-v1"
+    assert len(await redis.smembers(keys.CLAIMS_INDEX)) == 2

@@ -6,6 +6,7 @@ each cycle a map of its own, and finds the elastic jobs through the tally of the
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from redis.asyncio import Redis
 from tide.core import Allocation
@@ -15,6 +16,7 @@ from tide.schemas.job import JobSpec
 from tide.settings import Settings
 from tide.store import keys
 from tide.store.claims import ClaimItem, ClaimStore, PodClaim
+from tide.store.jobs import JobStore
 from tide_placer import view as view_module
 from tide_placer.service import PlacerService
 from tide_placer.view import ClusterView
@@ -137,3 +139,87 @@ async def test_an_idle_cycle_rebuilds_a_view_that_is_due_so_the_next_job_does_no
     view.resync_s = 0.0
     await svc._place_pending()
     assert view._built > built and frozen == [1], "nodes held still for a resync: frozen out of the GC, while idle"
+
+
+async def test_claims_the_placer_noted_are_applied_without_a_read_and_stale_notes_are_dropped(
+        redis: Redis, monkeypatch) -> None:
+    monkeypatch.setattr(view_module, "freeze_long_lived", lambda: None)
+    claims = ClaimStore(redis)
+    for n in ("n0", "n1"):
+        await claims.set_capacity(small_node(n, gpus=2))
+    for j in ("a", "b", "c"):
+        await store_record(redis, j)
+    view = ClusterView(redis, claims, resync_s=60.0)
+    await view.refresh([])  # built: no claims yet
+    reads: list[list[str]] = []
+    real_pipeline = redis.pipeline
+
+    def counted_pipeline(*args: object, **kwargs: object):  # what the view reads, one list per round trip
+        pipe = real_pipeline(*args, **kwargs)  # type: ignore[arg-type]
+        real_hget = pipe.hget
+        reads.append([])
+
+        def hget(key: str, field: str):  # type: ignore[no-untyped-def]
+            reads[-1].append(key)
+            return real_hget(key, field)
+
+        pipe.hget = hget  # type: ignore[method-assign]
+        return pipe
+
+    a, b, c = claim("a", 0, "n0", 0), claim("b", 0, "n1", 1), claim("c", 0, "n1", 0)
+    for taken in (a, b, c):
+        assert (await claims.claim([taken]))[0]
+    view.note_claims({a.key: Allocation.from_dict(a.alloc), b.key: Allocation.from_dict(b.alloc)})
+    await claims.release([b.key])  # released before the view read the index: its note must not apply
+    monkeypatch.setattr(redis, "pipeline", counted_pipeline)
+    _, cluster, running = await view.refresh([])
+    assert [k for r in reads for k in r] == [c.key]  # only the claim the placer did not note
+    assert {j: [x.node_id for x in allocs] for j, (_, allocs) in running.items()} == {"a": ["n0"], "c": ["n1"]}
+    assert cluster.milli_free.sum() == 2000
+    assert view._noted == {}
+
+
+async def test_a_cycle_reads_what_it_plans_with_in_its_reconcile_round_trip_unless_reconcile_changed_it(
+        redis: Redis, monkeypatch) -> None:
+    """Issue 17: the reconcile step and the placement step each read Redis at the start of every cycle; the
+    placement step's reads now go in the reconcile step's round trip, and are made again only when that step
+    changed something (here: a lapsed reservation released and its job rolled back)."""
+    monkeypatch.setattr(view_module, "freeze_long_lived", lambda: None)
+    await redis.flushdb()
+    claims = ClaimStore(redis)
+    for n in ("n0", "n1"):
+        await claims.set_capacity(small_node(n, gpus=2))
+    svc = PlacerService(Settings(placer_resync_s=60.0))
+    svc.redis, svc.claims, svc.jobs = redis, claims, JobStore(redis)
+    svc.view = ClusterView(redis, claims, resync_s=60.0)
+    svc.nc = SimpleNamespace(is_connected=True)  # type: ignore[assignment]
+    svc._inherited, svc._extras_wanted = True, False
+    rolled_back: list[str] = []
+
+    async def rollback(job_id: str, attempt: int, why: str, bad_nodes: list[str] | None = None) -> None:
+        rolled_back.append(f"{job_id}:{attempt}")
+
+    svc._rollback = rollback  # type: ignore[method-assign]
+    trips: list[int] = []
+    real_pipeline = redis.pipeline
+
+    def counted_pipeline(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        trips.append(1)
+        return real_pipeline(*args, **kwargs)  # type: ignore[arg-type]
+
+    await svc.cycle()  # the first builds the view
+    monkeypatch.setattr(redis, "pipeline", counted_pipeline)
+    await svc.cycle()
+    assert len(trips) == 1, "nothing pending, nothing lapsed: one round trip for both steps"
+
+    await store_record(redis, "a")
+    await redis.set(keys.job("a"), (await svc.jobs.get("a")).model_copy(  # type: ignore[union-attr]
+        update={"reservation": "a:1", "attempts": 1}).to_json())
+    assert (await claims.reserve(
+        [claim("a", 0, "n0", 0)], "a:1", 30_000))[0]
+    await redis.zadd(keys.RESERVATIONS, {"a:1": 1})  # lapsed long ago
+    svc._lapsing = None
+    trips.clear()
+    await svc.cycle()
+    assert rolled_back == ["a:1"] and svc._lapsing == []
+    assert len(trips) >= 2 and keys.claim("a", "a-0") not in svc.view.allocs, "read again after the lapse"

@@ -103,7 +103,7 @@ from tide.schemas.feedback import FamilyWeights
 from tide.schemas.node import NodeDescription
 from tide.settings import Settings
 from tide.store import keys
-from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim
+from tide.store.claims import LAPSE_MARGIN_MS, ClaimItem, ClaimStore, FencedOut, PodClaim, RecordWrite
 from tide.store.jobs import JobStore
 from tide.store.lease import LeaderLease, transition
 from tide.store.redis import redis_for
@@ -138,6 +138,30 @@ class Reserved:
     touched: tuple[str, ...] = ()  # the claim keys reserved and the used keys of their items (the commit's keys)
 
 
+@dataclass(frozen=True)
+class CycleReads:
+    """What a cycle plans with, read in one round trip (``queue_cycle_reads``): the queue config, the pending
+    jobs, the feedback weights, the lost nodes, and what the cluster view diffs against (the nodes' version, the
+    claims held)."""
+
+    raw_config: str | None
+    pending_ids: list[str]
+    raw_weights: dict[str, str]
+    lost: set[str]
+    nodes_version: str | None
+    claim_keys: set[str]
+
+
+def queue_cycle_reads(pipe: Any) -> None:
+    """Queue ``CycleReads``' reads on a pipeline, in its fields' order."""
+    pipe.get(keys.QUEUE_CONFIG)
+    pipe.zrange(keys.PENDING, 0, 999)
+    pipe.hgetall(keys.WEIGHTS)
+    pipe.smembers(keys.LOST_NODES)
+    pipe.get(keys.NODES_VERSION)
+    pipe.smembers(keys.CLAIMS_INDEX)
+
+
 class PlacerService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -165,6 +189,9 @@ class PlacerService:
         self._not_leading.set()
         self._settle_asked: dict[str, float] = {}  # left reservations whose agents were asked, and when
         self._own_resv: set[str] = set()  # reservations this placer is starting (others': adopt or let lapse)
+        # the reservations that may lapse before this cycle's claims go to Redis, as its reconcile step read them
+        # (None: not read yet): the claim script releases them first
+        self._lapsing: list[str] | None = None
         self._inherited = False  # the reservations left by the previous leader have been given a fresh TTL
         self._config_cache: tuple[str | None, tuple[QueueTree, list[TideRule]]] | None = None
         self._weights_cache: dict[str, tuple[str, FamilyWeights]] = {}
@@ -198,14 +225,15 @@ class PlacerService:
         self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)
         # the Redis steps that concurrent gangs and pods reach in the same turn go out as one call each: a
         # cycle's reservations (one claim script for every gang), its commits, a status batch's exits (their
-        # records in one read, their claims released in one script)
+        # records written with their claims' release in one script; the records the view cannot judge them on
+        # read in one call)
         ttl_ms = int(self.settings.reservation_ttl_s * 1000)
         self._reserve_batch: Batcher[tuple[list[PodClaim], str], tuple[bool, str]] = Batcher(
-            lambda gangs: self.claims.reserve_many(gangs, ttl_ms))
+            lambda gangs: self.claims.reserve_many(gangs, ttl_ms, self._lapsing))
         self._commit_batch: Batcher[tuple[str, tuple[str, ...]], bool] = Batcher(
             lambda commits: self.claims.commit_many([r for r, _ in commits], [k for _, ks in commits for k in ks]))
         self._records_batch: Batcher[str, JobRecord | None] = Batcher(lambda ids: self.jobs.get_many(ids))
-        self._release_batch: Batcher[str, None] = Batcher(self._release_claims)
+        self._exit_batch: Batcher[RecordWrite, bool] = Batcher(self._write_exits)
         await self._load_node_leases()
         await self.nc.subscribe(subjects.PLACER_KICK, cb=self._on_kick)
         # a job's 'queued' event (published once the job is pending in Redis) is its kick: no message of its own
@@ -331,13 +359,14 @@ class PlacerService:
     # ------------------------------------------------------------ the scheduling cycle
     async def cycle(self) -> None:
         async with self._cycle_lock, self.metrics.timed_cycle():
-            stop_ids = await self._reconcile()
+            stop_ids, reads = await self._reconcile()
             await self._process_stop_requests(stop_ids)
-            await self._place_pending()
+            await self._place_pending(reads if not stop_ids else None)
 
-    async def _reconcile(self) -> list[str]:
+    async def _reconcile(self) -> tuple[list[str], CycleReads | None]:
         """The reconciler's steps; returns the jobs asked to stop (read in the same round trip as the
-        reservations, which tells whether any lapsed: the expire script runs only then)."""
+        reservations, which tells whether any lapsed: the expire script runs only then), and what the
+        placement step reads, read in that round trip too (None when a step here may have changed it)."""
         if not self._inherited:
             await self._inherit_reservations()
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -345,20 +374,26 @@ class PlacerService:
             pipe.zrange(keys.RESERVATIONS, 0, -1, withscores=True)
             pipe.llen(keys.EXPIRED_RESERVATIONS)
             pipe.smembers(keys.CANCELLING)
-            (seconds, micros), held_raw, expired_noted, stop_ids = await pipe.execute()
+            queue_cycle_reads(pipe)
+            (seconds, micros), held_raw, expired_noted, stop_ids, *cycle_reads = await pipe.execute()
+        reads: CycleReads | None = CycleReads(*cycle_reads)
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         held = {str(r): float(score) for r, score in held_raw}
         if int(expired_noted) or any(score <= now_ms for score in held.values()):
+            reads = None
             for resv in await self.claims.expire():
                 job_id, attempt = keys.parse_reservation_id(resv)
                 record = await self.jobs.get(job_id)
                 if record is not None and record.reservation == resv:
                     await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
             held = await self.claims.reservations()
-        await self._adopt_reservations(held)
-        await self._detect_lost_nodes()
-        await self._fence_reported()
-        return sorted(stop_ids)
+        self._lapsing = sorted(r for r, score in held.items() if score <= now_ms + LAPSE_MARGIN_MS)
+        if await self._adopt_reservations(held):
+            reads = None
+        if await self._detect_lost_nodes():
+            reads = None
+        await self._fence_reported()  # stop requests to agents: nothing the placement step reads
+        return sorted(stop_ids), reads
 
     async def _inherit_reservations(self) -> None:
         """A new leader's first reconcile gives every reservation it did not make a fresh TTL, also one that
@@ -372,17 +407,20 @@ class PlacerService:
                 log.info("reservation_inherited", reservation=resv, job_id=keys.parse_reservation_id(resv)[0])
         self._inherited = True
 
-    async def _adopt_reservations(self, held: dict[str, float] | None = None) -> None:
+    async def _adopt_reservations(self, held: dict[str, float] | None = None) -> bool:
         """Reservations this placer is not starting (a previous leader's, killed or deposed between reserve and
         commit): one whose pods all started, as its job's record says or else as their agents answer, is
         committed now; any other lapses after its TTL and is rolled back by ``_reconcile``, like a
-        reservation of a crashed placer (its pods that never started are refused by their agents by then)."""
+        reservation of a crashed placer (its pods that never started are refused by their agents by then).
+        Returns whether it looked at any (and so may have changed records and claims)."""
         if held is None:
             held = await self.claims.reservations()
         self._settle_asked = {r: t for r, t in self._settle_asked.items() if r in held}
+        looked = False
         for resv in held:
             if resv in self._own_resv:
                 continue
+            looked = True
             job_id, attempt = keys.parse_reservation_id(resv)
             record = await self.jobs.get(job_id)
             if record is None:
@@ -397,6 +435,7 @@ class PlacerService:
             await self._update(job_id, functools.partial(commit, resv=resv))
             log.info("reservation_adopted", job_id=job_id, reservation=resv)
             await self._apply_settled(job_id, attempt, settled)
+        return looked
 
     async def _agents_started(self, record: JobRecord, resv: str, attempt: int
                               ) -> list[tuple[PodRecord, CommandAck]]:
@@ -461,20 +500,15 @@ class PlacerService:
             del self._weights_cache[family]
         return out
 
-    async def _place_pending(self) -> None:
-        """Gather the snapshot, let the core plan the cycle, carry out the plan."""
-        # what the cycle plans with, in one round trip: queue config, pending jobs, feedback weights, lost nodes,
-        # and what the cluster view diffs against (the nodes' version, the claims held)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(keys.QUEUE_CONFIG)
-            pipe.zrange(keys.PENDING, 0, 999)
-            pipe.hgetall(keys.WEIGHTS)
-            pipe.smembers(keys.LOST_NODES)
-            pipe.get(keys.NODES_VERSION)
-            pipe.smembers(keys.CLAIMS_INDEX)
-            raw_config, pending_raw, raw_weights, lost, nodes_version, claim_keys = await pipe.execute()
-        tree, tides = self._queue_config(raw_config)
-        pending_ids = list(pending_raw)
+    async def _place_pending(self, reads: CycleReads | None = None) -> None:
+        """Gather the snapshot, let the core plan the cycle, carry out the plan. ``reads``: what the cycle
+        plans with as the reconcile step read it (else read here)."""
+        if reads is None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                queue_cycle_reads(pipe)
+                reads = CycleReads(*await pipe.execute())
+        tree, tides = self._queue_config(reads.raw_config)
+        pending_ids, nodes_version, claim_keys = list(reads.pending_ids), reads.nodes_version, reads.claim_keys
         if not pending_ids and not tides and not self._extras_wanted:
             if self.view.rebuild_due(nodes_version):
                 # No job waits on this cycle: the view is rebuilt now rather than in the next job's cycle (1,000
@@ -504,8 +538,8 @@ class PlacerService:
             running=running,
             tree=tree,
             tides=tides,
-            weights=self._family_weights(raw_weights),
-            lost=set(lost),
+            weights=self._family_weights(reads.raw_weights),
+            lost=set(reads.lost),
             now=now,
             wall=wall_clock(self.settings.clock_file),
             min_runtime_s=self.settings.min_runtime_s,
@@ -558,18 +592,24 @@ class PlacerService:
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
 
-    async def _release_claims(self, claim_keys: list[str]) -> list[None]:
-        """Release the claims (exited pods'), naming the used keys of those the view holds (one script call)."""
-        held = [self.view.allocs.get(k) for k in claim_keys]
+    async def _write_exits(self, writes: list[RecordWrite]) -> list[bool]:
+        """Exited pods' records written, each with its claims' release, in one script call, naming the used keys
+        of the claims the view holds."""
+        held = [self.view.allocs.get(k) for w in writes for k in w.claim_keys]
         known = sorted({keys.used(a.node_id) for a in held if a is not None})
-        await self.claims.release(sorted(set(claim_keys)), known=known if all(a is not None for a in held) else None)
-        return [None] * len(claim_keys)
+        return await self.claims.write_and_release(writes, known if all(a is not None for a in held) else None)
 
-    async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False
-                      ) -> JobRecord | None:
+    async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False,
+                      release: tuple[str, ...] = ()) -> JobRecord | None:
         """Change a job record atomically (``JobStore.change``, starting from the view's copy) and keep
-        the result in the view; with ``dequeue`` the job leaves the pending set in the same step."""
-        result = await self.jobs.change(job_id, change, known=self.view.raw(job_id), dequeue=dequeue)
+        the result in the view; with ``dequeue`` the job leaves the pending set in the same step, and the claims
+        ``release`` names are released in the same step (with other exits of the turn: ``_write_exits``)."""
+
+        async def write_and_release(expected: str, new: str) -> bool:
+            return await self._exit_batch(RecordWrite(job_id, expected, new, release))
+
+        result = await self.jobs.change(job_id, change, known=self.view.raw(job_id), dequeue=dequeue,
+                                        write=write_and_release if release else None)
         if result is None:
             return None
         record, raw = result
@@ -694,6 +734,7 @@ class PlacerService:
             self.view.invalidate()  # Redis refused what the view thought was free
             return None
 
+        self.view.note_claims({c.key: Allocation.from_dict(c.alloc) for c in claims})  # applied without a read
         pods = {p.pod_index: (p.alloc.node_id, [g.uuid for g in assignments[p.pod_index]]) for p in placements}
 
         def assign(r: JobRecord) -> bool:
@@ -1192,23 +1233,25 @@ class PlacerService:
                      + (lease.get("fence_grace_s") or self.settings.fence_grace_s) + 2 * heartbeat)
         return max(self.settings.node_lost_after_s, fenced_by)
 
-    async def _detect_lost_nodes(self) -> None:
+    async def _detect_lost_nodes(self) -> bool:
         """A node whose heartbeats stopped for ``TIDE_NODE_LOST_AFTER_S`` is lost (no new pods); once the
         silence is past its lease + fence grace (the agent has stopped its pods itself) its pods' jobs are
-        requeued whole. A lost node that heartbeats again comes back once it runs no stale pod."""
+        requeued whole. A lost node that heartbeats again comes back once it runs no stale pod. Returns whether
+        it changed anything (a node lost or back, pods requeued)."""
         now = time.time()
         window = self.settings.node_lost_after_s
         if not self.nc.is_connected:
             self._deaf = True  # what this placer cannot hear says nothing about the nodes
-            return
+            return False
         if self._deaf:  # reconnected: every node gets a fresh window
             self._deaf = False
             log.info("placer_reconnected_windows_reset", nodes=len(self.last_seen))
             for node_id in self.last_seen:
                 self.last_seen[node_id] = now
         if now - self.started_at < window or now - self._lost_checked_at < LOST_CHECK_EVERY_S:
-            return
+            return False
         self._lost_checked_at = now
+        changed = False
         lost = set(await self.redis.smembers(keys.LOST_NODES))
         for node_id in await self.redis.smembers(keys.NODES):
             seen = self.last_seen.setdefault(node_id, self.started_at)
@@ -1216,16 +1259,19 @@ class PlacerService:
             if silent < window:
                 if node_id in lost:
                     await self._node_back(node_id)
+                    changed = True
                 continue
             if node_id not in lost:
                 log.warning("node_lost", node_id=node_id, silent_s=round(silent, 1))
                 await self.redis.sadd(keys.LOST_NODES, node_id)
+                changed = True
                 self.metrics.node_lost()
                 self.view.invalidate()
             after = self.reschedule_after(node_id)
             if silent < after or node_id in self._rescheduled:
                 continue
             self._rescheduled.add(node_id)
+            changed = True
             pods = await self._pods_on(node_id)
             log.warning("node_pods_rescheduled", node_id=node_id, silent_s=round(silent, 1), pods=len(pods))
             for job_id, pod, attempt in pods:
@@ -1233,6 +1279,7 @@ class PlacerService:
                     node_id=node_id, job_id=job_id, pod=agent_pod_id(pod, attempt), exit_code=None,
                     reason=ExitReason.LOST,
                     message=f"node {node_id} lost (no heartbeat for {silent:.0f}s, past its lease)"))
+        return changed
 
     async def _node_back(self, node_id: str) -> None:
         """A lost node heartbeats again: it takes pods again once it runs none that is stale (fenced)."""
@@ -1320,7 +1367,11 @@ class PlacerService:
 
     async def _pod_exited(self, exited: PodExited) -> None:
         pod, attempt = parse_agent_pod_id(exited.pod)
-        record = await self._records_batch(exited.job_id)  # with the other exits of this turn: one read
+        record = self.view.record(exited.job_id)
+        if exited.reason == ExitReason.LOST or not accepts_exit(record, pod, attempt, exited.node_id):
+            # judged on what Redis holds (the view's copy may be out of date), with the other such exits of
+            # this turn: one read
+            record = await self._records_batch(exited.job_id)
         if not accepts_exit(record, pod, attempt, exited.node_id):
             return  # not the current token (an attempt rolled back, a pod already counted): changes nothing
         assert record is not None
@@ -1331,7 +1382,6 @@ class PlacerService:
                 and record.state not in TERMINAL_STATES):
             await self._rollback(exited.job_id, attempt, f"pod {pod} lost: {exited.message}", [exited.node_id])
             return
-        await self._release_batch(keys.claim(exited.job_id, pod))  # with the other exits of this turn: one script
         outcome: list[tuple[JobState | None, list[str]]] = []
         named = exited.model_copy(update={"pod": pod})
 
@@ -1341,7 +1391,9 @@ class PlacerService:
                 outcome.append(result)
             return result is not None
 
-        record = await self._update(exited.job_id, change)
+        # the exit recorded and the pod's claim released in one step (a compare-and-set on the record): never
+        # the claim of an attempt the record has moved past; with the other exits of this turn: one script
+        record = await self._update(exited.job_id, change, release=(keys.claim(exited.job_id, pod),))
         self._kick.set()
         if record is None:
             return

@@ -62,6 +62,8 @@ class ClusterView:
         self._empty: Cluster | None = None  # ``cluster`` without claims, for the nodes version last read
         self.allocs: dict[str, Allocation] = {}  # claim key -> allocation applied to ``cluster``
         self._owner: dict[str, tuple[str, str]] = {}  # claim key of ``allocs`` -> (job, pod), parsed once
+        # claims this placer took since the last refresh, with their allocations (``note_claims``)
+        self._noted: dict[str, Allocation] = {}
         self.known: dict[str, Known] = {}  # job id -> its record as last read or written
         self.tally = RunningTally()  # the running jobs counted (queue usage, priorities, elastic jobs)
         self._by_job: dict[str, list[Allocation]] = {}  # ``allocs`` grouped by job (kept as claims come and go)
@@ -79,6 +81,12 @@ class ClusterView:
 
     def invalidate(self) -> None:
         self._stale = True
+
+    def note_claims(self, allocs: dict[str, Allocation]) -> None:
+        """Claims this placer just took (a cycle's reservations), with their allocations: the next refresh that
+        finds them in the claim index applies them from here instead of reading each one back. Notes that
+        refresh does not use (a claim released before it read the index) are dropped with it."""
+        self._noted.update(allocs)
 
     # ------------------------------------------------------------ job records
     def raw(self, job_id: str) -> str | None:
@@ -152,6 +160,7 @@ class ClusterView:
                 self._frozen_version = version
         else:
             await self._apply_diff(claim_keys)
+        self._noted = {}
         running, changed = await self._running()
         self.tally.sync(running, changed)
         if len(self.known) > len(pending_ids) + len(running):  # then some kept record is of neither
@@ -214,16 +223,21 @@ class ClusterView:
             await self._rebuild(claim_keys)
 
     async def _add(self, claim_keys: list[str]) -> None:
+        """Apply claims new to the view: those this placer noted as it took them, the others read."""
         if not claim_keys:
             return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key in claim_keys:
-                pipe.hget(key, "alloc")
-            raws = await pipe.execute()
-        for key, raw in zip(claim_keys, raws, strict=True):
-            if not raw:
+        unknown = [key for key in claim_keys if key not in self._noted]
+        read: dict[str, Allocation] = {}
+        if unknown:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key in unknown:
+                    pipe.hget(key, "alloc")
+                raws = await pipe.execute()
+            read = {key: Allocation.from_dict(json.loads(raw)) for key, raw in zip(unknown, raws, strict=True) if raw}
+        for key in claim_keys:
+            alloc = self._noted[key] if key in self._noted else read.get(key)
+            if alloc is None:
                 continue  # released meanwhile
-            alloc = Allocation.from_dict(json.loads(raw))
             try:
                 self.cluster.allocate(alloc)
             except (OversubscriptionError, KeyError) as exc:

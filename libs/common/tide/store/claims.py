@@ -90,6 +90,16 @@ class PodClaim:
         return keys.claim(self.job_id, self.pod)
 
 
+@dataclass(frozen=True)
+class RecordWrite:
+    """A job record's compare-and-set (its stored JSON ``expected`` -> ``new``) and the claims released with it."""
+
+    job_id: str
+    expected: str
+    new: str
+    claim_keys: tuple[str, ...]
+
+
 class ClaimStore:
     """The claim scripts, each given every key it touches (``KEYS``), read from Redis just before the call.
 
@@ -106,6 +116,7 @@ class ClaimStore:
         self._release = redis.register_script(_script("release.lua"))
         self._expire = redis.register_script(_script("expire.lua"))
         self._extend = redis.register_script(_script("extend.lua"))
+        self._write_release = redis.register_script(_script("write_release.lua"))
 
     async def set_capacity(self, node: NodeDescription) -> None:
         cap_key = keys.capacity(node.node_id)
@@ -142,15 +153,17 @@ class ClaimStore:
         return out
 
     async def _run(self, script: Any, what: str, call_keys: Callable[[], Awaitable[tuple[list[str], Any]]],
-                   hinted: Callable[[], Awaitable[tuple[list[str], Any]]] | None = None) -> list[Any]:
+                   hinted: Callable[[], Awaitable[tuple[list[str], Any]]] | None = None,
+                   more_args: list[str] | None = None) -> list[Any]:
         """Run a script with the keys ``call_keys()`` gathers (an awaitable of (keys, request)); gather
         them again while the script names a key it was not given (a claim changed in between). With ``hinted``,
         the first try takes its keys from there instead (what the caller knows the call touches, read from no
-        one): a hint that misses a key costs that try, never a wrong write (the script checks every key)."""
+        one): a hint that misses a key costs that try, never a wrong write (the script checks every key).
+        ``more_args`` follow the token and the request in ARGV."""
         for attempt in range(KEY_RETRIES):
             touched, request = await (hinted if hinted is not None and attempt == 0 else call_keys)()
             result = await script(keys=BASE_KEYS + sorted(set(touched)),
-                                  args=[self.fence(), json.dumps(request)])
+                                  args=[self.fence(), json.dumps(request), *(more_args or [])])
             code = int(result[0])
             if code == -2:
                 raise FencedOut(f"{what}: the placer leader lease is not ours")
@@ -176,11 +189,15 @@ class ClaimStore:
     async def reserve(self, claims: list[PodClaim], reservation: str, ttl_ms: int) -> tuple[bool, str]:
         return await self.claim(claims, reservation, ttl_ms)
 
-    async def reserve_many(self, gangs: list[tuple[list[PodClaim], str]], ttl_ms: int) -> list[tuple[bool, str]]:
+    async def reserve_many(self, gangs: list[tuple[list[PodClaim], str]], ttl_ms: int,
+                           lapsing: list[str] | None = None) -> list[tuple[bool, str]]:
         """``reserve`` for several gangs (their claims, their reservation id) in one script call: each gang all
-        or nothing on its own, in order, as if reserved one after the other. One gang: ``reserve``."""
-        if len(gangs) == 1:
-            return [await self.reserve(gangs[0][0], gangs[0][1], ttl_ms)]
+        or nothing on its own, in order, as if reserved one after the other.
+
+        ``lapsing``: the reservations that may have lapsed by now, as the caller just read them (the placer's
+        reconcile step reads every reservation's expiry each cycle). With none, nothing is read before the
+        script; a reservation that lapsed unseen keeps its slots until the next sweep (a claim may be refused
+        for them, never granted wrongly)."""
         if not gangs:
             return []
         if ttl_ms <= 0:
@@ -196,7 +213,10 @@ class ClaimStore:
             touched = own + list(lapsed.values()) + await self._touched(list(lapsed.values()), [])
             return touched, {"rkeys": lapsed, "gangs": requests}
 
-        _, out = await self._run(self._claim_many, "claim", call_keys)
+        async def none_lapsing() -> tuple[list[str], dict[str, Any]]:
+            return own, {"rkeys": {}, "gangs": requests}
+
+        _, out = await self._run(self._claim_many, "claim", call_keys, none_lapsing if lapsing == [] else None)
         return [(int(out[i]) == 1, str(out[i + 1])) for i in range(0, len(out), 2)]
 
     async def commit(self, reservation: str) -> bool:
@@ -215,7 +235,8 @@ class ClaimStore:
     async def commit_many(self, reservations: list[str], known: list[str] | None = None) -> list[bool]:
         """``commit`` for several reservations in one script call, each judged on its own (committed, or False
         when its TTL lapsed). ``known``: the claim keys of these reservations and the used keys of their items,
-        as the caller reserved them (saves reading them first; a hint that misses one costs a retry)."""
+        as the caller reserved them: nothing is read before the script then (other reservations' lapses are left
+        to the sweep, ``expire``); a hint that misses a key costs a retry."""
         if not reservations:
             return []
         commits = [[r, keys.reservation(r)] for r in reservations]
@@ -228,10 +249,8 @@ class ClaimStore:
             return touched, {"rkeys": lapsed, "commits": commits}
 
         async def hinted() -> tuple[list[str], dict[str, Any]]:
-            lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
-            others = sorted(set(lapsed.values()) - set(own))
-            touched = own + list(known or []) + others + (await self._touched(others, []) if others else [])
-            return touched, {"rkeys": lapsed, "commits": commits}
+            # each reservation's own lapse is judged in the script; others that lapsed are the sweep's
+            return own + list(known or []), {"rkeys": {}, "commits": commits}
 
         _, out = await self._run(self._commit_many, "commit", call_keys, hinted if known is not None else None)
         return [int(x) == 1 for x in out]
@@ -275,6 +294,28 @@ class ClaimStore:
 
         _, released = await self._run(self._release, "release", call_keys, hinted if known is not None else None)
         return int(released)
+
+    async def write_and_release(self, writes: list[RecordWrite], known: list[str] | None = None) -> list[bool]:
+        """Compare-and-set job records, each with the release of its claims, in one script call: a write's record
+        goes from ``expected`` to ``new`` and its claims are released only if the record still holds
+        ``expected`` (True); otherwise nothing of that write is done (False). ``known``: the used keys of the
+        claims' items as the caller knows them (saves reading the claims first; a hint that misses one costs a
+        retry)."""
+        if not writes:
+            return []
+        request = {"writes": [{"job": keys.job(w.job_id), "claims": list(w.claim_keys)} for w in writes]}
+        records = [raw for w in writes for raw in (w.expected, w.new)]
+        own = [keys.job(w.job_id) for w in writes] + [k for w in writes for k in w.claim_keys]
+
+        async def call_keys() -> tuple[list[str], dict[str, Any]]:
+            return own + await self._touched([], [k for w in writes for k in w.claim_keys]), request
+
+        async def hinted() -> tuple[list[str], dict[str, Any]]:
+            return own + list(known or []), request
+
+        _, out = await self._run(self._write_release, "write_release", call_keys,
+                                 hinted if known is not None else None, more_args=records)
+        return [int(x) == 1 for x in out]
 
     async def expire(self) -> list[str]:
         """Release lapsed reservations; returns every reservation id that lapsed since the last call."""

@@ -77,12 +77,17 @@ class JobStore:
         return result[0] if result is not None else None
 
     async def change(
-        self, job_id: str, change: Callable[[JobRecord], bool], known: str | None = None, dequeue: bool = False
+        self, job_id: str, change: Callable[[JobRecord], bool], known: str | None = None, dequeue: bool = False,
+        write: Callable[[str, str], Awaitable[Any]] | None = None,
     ) -> tuple[JobRecord, str] | None:
         """``update`` that starts from ``known`` (a serialised record the caller holds, saving a read) and
         returns the stored JSON with the record; with ``dequeue`` the job leaves the pending set in the
         same atomic step. A ``known`` that is out of date costs a read: it never decides anything (the
-        compare-and-set refuses it, and a ``change`` that declines it is asked again on a fresh read)."""
+        compare-and-set refuses it, and a ``change`` that declines it is asked again on a fresh read).
+
+        ``write(expected, new)`` replaces the compare-and-set with one that does more in the same atomic step
+        (``ClaimStore.write_and_release``): it answers as the compare-and-set does (true: written; false:
+        the record held something else; -2: fenced)."""
         key = keys.job(job_id)
         raw = known
         while True:
@@ -101,7 +106,9 @@ class JobStore:
             new = record.to_json()
             cas_keys = [key, keys.PENDING, keys.PLACER_LEADER]
             cas_args = [raw, new, job_id if dequeue else "", self.fence()]
-            if self._cas_call is not None:
+            if write is not None:
+                done = await write(raw, new)
+            elif self._cas_call is not None:
                 done = await self._cas_call(cas_keys, cas_args)
             else:
                 done = await self._cas(keys=cas_keys, args=cas_args)
