@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from tide.client import TideClient
 from tide.schemas.node import default_h100_node
 from tide.settings import Settings
+from tide.store.claims import RecordWrite
 from tide.store.jobs import JobStore
 from tide_node_agent.gpu.simulated import SimulatedBackend
 from tide_node_agent.service import NodeAgent
@@ -55,7 +56,14 @@ async def test_a_new_leader_adopts_a_started_gang_whose_reservation_lapsed_while
     async def run_old() -> None:
         await old.start()
         old.claims.commit = killed_before_the_commit  # type: ignore[method-assign]
-        old.claims.commit_many = killed_before_the_commit  # type: ignore[method-assign]  # a cycle's commits
+        write_records = old.claims.write_records
+
+        async def killed_at_a_commit(writes: list[RecordWrite]) -> list[int]:  # a turn's records with commits
+            if any(w.commit for w in writes):
+                await killed_before_the_commit()
+            return await write_records(writes)
+
+        old.claims.write_records = killed_at_a_commit  # type: ignore[method-assign]
         old_loop.create_task(old.run(asyncio.Event()))
 
     client: TideClient | None = None

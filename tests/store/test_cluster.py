@@ -19,7 +19,7 @@ from tide.schemas.events import JobRecord
 from tide.schemas.job import JobSpec
 from tide.stack.servers import free_port, redis_server_binary, wait_tcp
 from tide.store import keys
-from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim
+from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim, RecordWrite
 from tide.store.jobs import JobStore
 from tide.store.lease import LeaderLease
 
@@ -119,11 +119,18 @@ async def scenario(r: Any) -> list[Any]:
     out.append(await store.release([keys.claim("a", "a-0")]))
     out.append([await store.used(n) for n in ("n1", "n2")])
     out.append(await store.reservations())
-    # claim_many.lua and commit_many.lua: several gangs in one call, each all or nothing, in order
+    # claim_many.lua: several gangs in one call, each all or nothing, in order; record_writes.lua: records written
+    # with a reservation's commit or a claim's release, each only on the record it expects
     out.append(await store.reserve_many([([claim("s", "s-0", ("n1", "cpu", 1000))], "s:1"),
                                          ([claim("t", "t-0", ("n1", "cpu", 10**9))], "t:1"),
                                          ([claim("u", "u-0", ("n2", "cpu", 1000))], "u:1")], 30_000))
-    out.append(await store.commit_many(["s:1", "t:1", "u:1"]))
+    for j in ("s", "u"):
+        await r.set(keys.job(j), "reserved")
+    out.append(await store.write_records([RecordWrite("s", "reserved", "committed", commit="s:1"),
+                                          RecordWrite("u", "other", "committed", commit="u:1")]))
+    out.append(await store.write_records([RecordWrite("s", "committed", "exited", release=(keys.claim("s", "s-0"),)),
+                                          RecordWrite("u", "reserved", "committed", commit="u:1")]))
+    out.append([await r.get(keys.job(j)) for j in ("s", "u")] + [await store.reservations()])
     out.append([await store.used(n) for n in ("n1", "n2")])
     # create_job.lua and cas.lua (with and without dequeue)
     jobs = JobStore(r)

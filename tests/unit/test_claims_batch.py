@@ -1,4 +1,4 @@
-"""``ClaimStore.reserve_many`` / ``commit_many`` (one script call for a placer cycle's gangs) do what reserving and
+"""``ClaimStore.reserve_many`` / ``write_records`` (one script call for a placer cycle's gangs) do what reserving and
 committing each gang alone, one after the other, does."""
 
 from __future__ import annotations
@@ -8,7 +8,16 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 from tide.store import keys
-from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim, RecordWrite
+from tide.store.claims import (
+    RECORD_CHANGED,
+    RESERVATION_LAPSED,
+    WRITTEN,
+    ClaimItem,
+    ClaimStore,
+    FencedOut,
+    PodClaim,
+    RecordWrite,
+)
 
 from tests.helpers import small_node
 
@@ -52,12 +61,15 @@ async def test_reserve_many_is_reserving_each_gang_in_turn(redis: Redis) -> None
     assert await state(redis) == state_alone
 
 
-async def test_commit_many_judges_each_reservation_on_its_own(redis: Redis) -> None:
+async def test_commits_in_one_call_are_each_judged_on_their_own(redis: Redis) -> None:
     store = await fresh(redis)
     assert [ok for ok, _ in await store.reserve_many([GANGS[0], GANGS[2]], 30_000)] == [True, True]
     assert (await store.reserve(*GANGS[4], ttl_ms=100))[0]
+    for job in ("a", "c", "e"):
+        await redis.set(keys.job(job), "reserved")
     await asyncio.sleep(0.3)  # e's reservation lapses
-    assert await store.commit_many(["a:1", "e:1", "c:1"]) == [True, False, True]
+    assert await store.write_records([RecordWrite(j, "reserved", "committed", commit=f"{j}:1") for j in "aec"]) == [
+        WRITTEN, RESERVATION_LAPSED, WRITTEN]
     used, claims, held = await state(redis)
     assert held == [] and set(claims.values()) == {""}  # a and c committed, e released
     assert sorted(claims) == sorted(keys.claim(j, f"{j}-{i}") for j in ("a", "c") for i in range(2))
@@ -71,7 +83,7 @@ async def test_a_fenced_batch_writes_nothing(redis: Redis) -> None:
     with pytest.raises(FencedOut):
         await store.reserve_many(GANGS[:2], 30_000)
     with pytest.raises(FencedOut):
-        await store.commit_many(["a:1", "c:1"])
+        await store.write_records([RecordWrite("a", "", "committed", commit="a:1")])
     assert (await state(redis))[1] == {}
 
 
@@ -87,9 +99,13 @@ async def test_key_hints_save_the_reads_and_a_wrong_hint_only_costs_a_retry(redi
         return await real(*args)  # type: ignore[arg-type]
 
     store._touched = counted  # type: ignore[method-assign]
-    assert await store.commit_many(["a:1"], a_keys) == [True]
+    for job in ("a", "c"):
+        await redis.set(keys.job(job), "reserved")
+    assert await store.write_records([RecordWrite("a", "reserved", "committed", commit="a:1",
+                                                  touches=tuple(a_keys))]) == [WRITTEN]
     assert calls == []  # the hint named every key: nothing read before the script
-    assert await store.commit_many(["c:1"], [keys.used("n0")]) == [True]  # c's claim keys missing from the hint
+    assert await store.write_records([RecordWrite("c", "reserved", "committed", commit="c:1",
+                                                  touches=(keys.used("n0"),))]) == [WRITTEN]  # c's claims not named
     assert calls == ["read"]
     used_before = await redis.hgetall(keys.used("n1"))
     assert await store.release([keys.claim("a", "a-1")], known=[keys.used("n1")]) == 1
@@ -122,8 +138,10 @@ async def test_a_cycle_s_claims_and_hinted_commits_read_nothing_before_their_scr
     store = await fresh(redis)
     reads = count_reads(store)
     assert [ok for ok, _ in await store.reserve_many([GANGS[0], GANGS[2]], 30_000, lapsing=[])] == [True, True]
-    a_keys = [c.key for c in GANGS[0][0]] + [keys.used("n0"), keys.used("n1")]
-    assert await store.commit_many(["a:1"], a_keys) == [True]
+    await redis.set(keys.job("a"), "reserved")
+    a_keys = tuple(c.key for c in GANGS[0][0]) + (keys.used("n0"), keys.used("n1"))
+    assert await store.write_records([RecordWrite("a", "reserved", "committed", commit="a:1", touches=a_keys)]) == [
+        WRITTEN]
     assert reads == []
     assert [ok for ok, _ in await store.reserve_many([GANGS[4]], 30_000)] == [True]  # lapses unknown: looked up
     assert reads == ["lapsed", "keys"]
@@ -142,23 +160,52 @@ async def test_a_reservation_named_lapsing_is_released_before_the_claims(redis: 
 async def test_records_are_written_with_their_claims_released_or_neither(redis: Redis) -> None:
     store = await fresh(redis)
     await store.reserve_many([GANGS[0], GANGS[2]], 30_000)
-    await store.commit_many(["a:1", "c:1"])
+    assert await store.commit("a:1") and await store.commit("c:1")
     await redis.set(keys.job("a"), "a-v1")
     await redis.set(keys.job("c"), "c-v1")
     a0, a1 = (c.key for c in GANGS[0][0])
     c0 = GANGS[2][0][0].key
     used_before = await redis.hgetall(keys.used("n0"))
-    written = await store.write_and_release([
-        RecordWrite("a", "a-v1", "a-v2", (a0,)),
-        RecordWrite("c", "c-v0", "c-v2", (c0,)),  # c's record moved on: neither written nor released
-        RecordWrite("a", "a-v1", "a-v3", (a1,)),  # the same job again on the same expected record: refused
-    ], known=[keys.used("n0")])  # a1's node missing from the hint: read, then run again
-    assert written == [True, False, False]
+    written = await store.write_records([
+        RecordWrite("a", "a-v1", "a-v2", (a0,), touches=(keys.used("n0"),)),
+        RecordWrite("c", "c-v0", "c-v2", (c0,), touches=(keys.used("n0"),)),  # c's record moved on: nothing done
+        # the same job again on the same expected record: refused; a1's node missing from the hint: read, run again
+        RecordWrite("a", "a-v1", "a-v3", (a1,), touches=(keys.used("n0"),)),
+    ])
+    assert written == [WRITTEN, RECORD_CHANGED, RECORD_CHANGED]
     assert await redis.get(keys.job("a")) == "a-v2" and await redis.get(keys.job("c")) == "c-v1"
     assert set(await redis.smembers(keys.CLAIMS_INDEX)) == {a1, c0, GANGS[2][0][1].key}
     used = await redis.hgetall(keys.used("n0"))
     assert int(used["g0.milli"]) == int(used_before["g0.milli"]) - 1000
     assert int(used["g1.milli"]) == int(used_before["g1.milli"])
+
+
+async def test_a_reservation_is_committed_exactly_when_its_record_is_written(redis: Redis) -> None:
+    store = await fresh(redis)
+    await store.reserve_many([GANGS[0], GANGS[2]], 30_000)
+    for job in ("a", "c"):
+        await redis.set(keys.job(job), f"{job}-reserved")
+    reads = count_reads(store)
+    a_touches = tuple(c.key for c in GANGS[0][0]) + (keys.used("n0"), keys.used("n1"))
+    assert await store.write_records([
+        RecordWrite("a", "a-reserved", "a-committed", commit="a:1", touches=a_touches),
+        RecordWrite("c", "c-changed", "c-committed", commit="c:1", touches=()),  # c's record moved on
+    ]) == [WRITTEN, RECORD_CHANGED]
+    assert reads == ["keys"]  # c named none of its keys: read once, then the script ran again
+    used, claims, held = await state(redis)
+    assert held == ["c:1"] and await redis.get(keys.job("c")) == "c-reserved"
+    assert {k: v for k, v in claims.items() if k.startswith(keys.claim("a", ""))} == {
+        c.key: "" for c in GANGS[0][0]}  # a's slots are permanent
+    # sent again after a lost reply: the record is the one it wrote, so it is not mistaken for a lapse
+    assert await store.write_records([RecordWrite("a", "a-reserved", "a-committed", commit="a:1")]) == [
+        RECORD_CHANGED]
+    await redis.zadd(keys.RESERVATIONS, {"c:1": 1})  # c's reservation lapsed
+    assert await store.write_records([RecordWrite("c", "c-reserved", "c-committed", commit="c:1")]) == [
+        RESERVATION_LAPSED]
+    used, claims, held = await state(redis)
+    assert held == [] and await redis.get(keys.job("c")) == "c-reserved"
+    assert not any(k.startswith(keys.claim("c", "")) for k in claims)  # released with the lapse
+    assert await redis.lrange(keys.EXPIRED_RESERVATIONS, 0, -1) == ["c:1"]
 
 
 async def test_a_fenced_record_write_releases_nothing(redis: Redis) -> None:
@@ -168,6 +215,8 @@ async def test_a_fenced_record_write_releases_nothing(redis: Redis) -> None:
     await redis.set(keys.PLACER_LEADER, "other")
     fenced = ClaimStore(redis, fence=lambda: "mine")
     with pytest.raises(FencedOut):
-        await fenced.write_and_release([RecordWrite("a", "a-v1", "a-v2", (GANGS[0][0][0].key,))])
+        await fenced.write_records([RecordWrite("a", "a-v1", "a-v2", (GANGS[0][0][0].key,))])
+    with pytest.raises(FencedOut):
+        await fenced.write_records([RecordWrite("a", "a-v1", "a-v2", commit="a:1")])
     assert await redis.get(keys.job("a")) == "a-v1"
-    assert len(await redis.smembers(keys.CLAIMS_INDEX)) == 2
+    assert len(await redis.smembers(keys.CLAIMS_INDEX)) == 2 and await redis.zrange(keys.RESERVATIONS, 0, -1)

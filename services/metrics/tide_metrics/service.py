@@ -31,6 +31,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import REGISTRY, start_http_server
 from redis.asyncio import Redis
 from tide import subjects
+from tide.batch import Batcher
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
 from tide.runtime import every
 from tide.schemas.events import GpuSample, JobEvent, JobEventDigest, JobRecord, Telemetry
@@ -96,6 +97,8 @@ class MetricsService:
         self.gpus: dict[tuple[str, int], tuple[float, GpuSample]] = {}
         self.snapshot = Snapshot()
         self.jobs: dict[str, JobInfo] = {}
+        # the jobs whose spec the events of one turn (a digest's) ask for and the cache lacks: one read for all
+        self._infos: Batcher[str, JobInfo | None] = Batcher(self._job_infos_in_order)
         self.inventory: Inventory | None = None  # the nodes as last read
         self.weights_changed = False  # the feedback loop changed a family's weights since they were read
         self.usage: dict[str, JobUsage] = {}
@@ -336,7 +339,13 @@ class MetricsService:
 
     # ------------------------------------------------------------ Redis state
     async def job_info(self, job_id: str) -> JobInfo | None:
-        return (await self.job_infos([job_id])).get(job_id)
+        """The job's spec and family: cached, or read with the other jobs asked for in the same turn."""
+        cached = self.jobs.get(job_id)
+        return cached if cached is not None else await self._infos(job_id)
+
+    async def _job_infos_in_order(self, job_ids: list[str]) -> list[JobInfo | None]:
+        infos = await self.job_infos(job_ids)
+        return [infos.get(j) for j in job_ids]
 
     async def job_infos(self, job_ids: list[str]) -> dict[str, JobInfo]:
         """Spec and family of each job (None-free: unknown jobs are left out); the ones not cached are read

@@ -103,7 +103,16 @@ from tide.schemas.feedback import FamilyWeights
 from tide.schemas.node import NodeDescription
 from tide.settings import Settings
 from tide.store import keys
-from tide.store.claims import LAPSE_MARGIN_MS, ClaimItem, ClaimStore, FencedOut, PodClaim, RecordWrite
+from tide.store.claims import (
+    LAPSE_MARGIN_MS,
+    RESERVATION_LAPSED,
+    WRITTEN,
+    ClaimItem,
+    ClaimStore,
+    FencedOut,
+    PodClaim,
+    RecordWrite,
+)
 from tide.store.jobs import JobStore
 from tide.store.lease import LeaderLease, transition
 from tide.store.redis import redis_for
@@ -136,6 +145,10 @@ class Reserved:
     attempt: int
     grow: bool = False  # elastic extras for a job already running on its gang
     touched: tuple[str, ...] = ()  # the claim keys reserved and the used keys of their items (the commit's keys)
+
+
+class ReservationLapsed(Exception):
+    """A gang's reservation lapsed before its commit was written (its slots are released)."""
 
 
 @dataclass(frozen=True)
@@ -224,16 +237,14 @@ class PlacerService:
         self.claims = ClaimStore(self.redis, fence=lambda: self.lease.token)
         self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)
         # the Redis steps that concurrent gangs and pods reach in the same turn go out as one call each: a
-        # cycle's reservations (one claim script for every gang), its commits, a status batch's exits (their
-        # records written with their claims' release in one script; the records the view cannot judge them on
-        # read in one call)
+        # cycle's reservations (one claim script for every gang); the records written with the commits of the
+        # gangs whose pods started and with the release of the pods that exited (one script); the records the
+        # view cannot judge an exit on (one read)
         ttl_ms = int(self.settings.reservation_ttl_s * 1000)
         self._reserve_batch: Batcher[tuple[list[PodClaim], str], tuple[bool, str]] = Batcher(
             lambda gangs: self.claims.reserve_many(gangs, ttl_ms, self._lapsing))
-        self._commit_batch: Batcher[tuple[str, tuple[str, ...]], bool] = Batcher(
-            lambda commits: self.claims.commit_many([r for r, _ in commits], [k for _, ks in commits for k in ks]))
         self._records_batch: Batcher[str, JobRecord | None] = Batcher(lambda ids: self.jobs.get_many(ids))
-        self._exit_batch: Batcher[RecordWrite, bool] = Batcher(self._write_exits)
+        self._writes_batch: Batcher[RecordWrite, int] = Batcher(lambda writes: self.claims.write_records(writes))
         await self._load_node_leases()
         await self.nc.subscribe(subjects.PLACER_KICK, cb=self._on_kick)
         # a job's 'queued' event (published once the job is pending in Redis) is its kick: no message of its own
@@ -592,24 +603,28 @@ class PlacerService:
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
 
-    async def _write_exits(self, writes: list[RecordWrite]) -> list[bool]:
-        """Exited pods' records written, each with its claims' release, in one script call, naming the used keys
-        of the claims the view holds."""
-        held = [self.view.allocs.get(k) for w in writes for k in w.claim_keys]
-        known = sorted({keys.used(a.node_id) for a in held if a is not None})
-        return await self.claims.write_and_release(writes, known if all(a is not None for a in held) else None)
-
     async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False,
-                      release: tuple[str, ...] = ()) -> JobRecord | None:
-        """Change a job record atomically (``JobStore.change``, starting from the view's copy) and keep
-        the result in the view; with ``dequeue`` the job leaves the pending set in the same step, and the claims
-        ``release`` names are released in the same step (with other exits of the turn: ``_write_exits``)."""
+                      release: tuple[str, ...] = (), commit: Callable[[], str] | None = None,
+                      commit_keys: tuple[str, ...] = ()) -> JobRecord | None:
+        """Change a job record atomically (``JobStore.change``, starting from the view's copy) and keep the
+        result in the view. In the same atomic step: with ``dequeue`` the job leaves the pending set; the claims
+        ``release`` names are released; the reservation ``commit()`` names after the change ('' for none: the
+        change did not commit one) is committed (``commit_keys``: its claim keys and their used keys), or
+        ``ReservationLapsed`` is raised and nothing is written. Releases and commits go with the other writes
+        of the turn (``ClaimStore.write_records``)."""
 
-        async def write_and_release(expected: str, new: str) -> bool:
-            return await self._exit_batch(RecordWrite(job_id, expected, new, release))
+        async def write(expected: str, new: str) -> bool:
+            resv = commit() if commit is not None else ""
+            held = [self.view.allocs.get(k) for k in release]
+            touches = (tuple(keys.used(a.node_id) for a in held if a is not None) + (commit_keys if resv else ())
+                       if all(a is not None for a in held) else None)
+            outcome = await self._writes_batch(RecordWrite(job_id, expected, new, release, resv, touches))
+            if outcome == RESERVATION_LAPSED:
+                raise ReservationLapsed(resv)
+            return outcome == WRITTEN
 
         result = await self.jobs.change(job_id, change, known=self.view.raw(job_id), dequeue=dequeue,
-                                        write=write_and_release if release else None)
+                                        write=write if release or commit else None)
         if result is None:
             return None
         record, raw = result
@@ -896,20 +911,18 @@ class PlacerService:
                 bad = sorted({p.alloc.node_id for p in failed if p.pod_index not in absent})
                 await self._rollback(job_id, attempt, f"start failed on {text}", bad_nodes=bad)
                 return
-            committed = await self._while_redis_away(lambda: self._commit_batch((resv, reserved.touched)), "commit")
-            if not committed:
-                await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
-                return
             by_index = {p.index: p for p in updated.pods}
             started = [(by_index[p.pod_index].name, p.alloc.node_id)
                        for p, ack in zip(placements, results, strict=True) if ack is not None and ack.started]
             turned: list[str] = []
+            committing = [""]  # the reservation the last run of the change committed ('' when it did not)
 
             def commit_and_start(r: JobRecord) -> bool:
                 """The commit, and the pods their agents answered started (their PodStarted follows in the
                 agents' next status batch, and changes nothing then)."""
                 turned.clear()
                 changed = commit(r, resv)
+                committing[0] = resv if changed else ""
                 for name, node in started:
                     outcome = pod_started(r, name, attempt, node, time.time())
                     changed = changed or outcome is not None
@@ -917,7 +930,17 @@ class PlacerService:
                         turned.append(name)
                 return changed
 
-            record = await self._while_redis_away(lambda: self._update(job_id, commit_and_start), "commit")
+            try:
+                # the reservation committed in the record's own write: its slots are permanent exactly when the
+                # record says the gang started (a record that no longer names it, committed or undone already
+                # by whoever changed it, commits nothing)
+                record = await self._while_redis_away(
+                    lambda: self._update(job_id, commit_and_start, commit=lambda: committing[0],
+                                         commit_keys=reserved.touched),
+                    "commit")
+            except ReservationLapsed:
+                await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
+                return
             log.info("gang_committed", job_id=job_id, reservation=resv, pods=len(placements), extras=reserved.grow)
             if record is not None and started:
                 await self._started_events(record, started, bool(turned))

@@ -56,6 +56,13 @@ _JOB_ID = re.compile(JOB_ID_PATTERN)
 _NODE_ID = re.compile(NODE_ID_PATTERN)
 
 
+PENDING_COUNT_FRESH_S = 1.0
+"""How long the pending set's size as a creation returned it stands for the limits' first check (below every limit:
+no count per queue or tenant needed). The placer only takes jobs out, so the count is at most too high (the exact
+check then runs); another queue replica's submissions of that last second are what it can miss, as two concurrent
+submissions could each miss the other's anyway: the limits are a bound on a backlog, not an exact count."""
+
+
 class Kicker:
     """Kicks of the placer (core NATS, ``subjects.PLACER_KICK``) after a cancel or a new queue config (a new job's
     kick is its ``queued`` event, which the placer follows), coalesced: a kick when none went out in the last
@@ -104,6 +111,7 @@ class QueueService:
         self._tenants_mtime: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.kicker = Kicker(self._send_kick, settings.queue_kick_window_s)
+        self._pending_seen = (0, -PENDING_COUNT_FRESH_S)  # the pending set's size as last seen, and when (monotonic)
 
     async def _send_kick(self) -> None:
         await self.nc.publish(subjects.PLACER_KICK, b"kick")
@@ -129,7 +137,7 @@ class QueueService:
         self.redis = redis_for(self.settings)
         self.jobs = JobStore(self.redis)
         # the submissions of a fetched batch are handled concurrently: their Redis steps go together
-        self._creates: Batcher[tuple[JobRecord, float], bool] = Batcher(self.jobs.create_many)
+        self._creates: Batcher[tuple[JobRecord, float], int] = Batcher(self.jobs.create_many)
         self._pending_counts: Batcher[None, int] = Batcher(self._count_pending)
         await self.nc.subscribe(subjects.API_STATUS, cb=self._api_status)
         await self.nc.subscribe(subjects.API_STATUS_TENANTS, cb=self._api_status)
@@ -183,7 +191,7 @@ class QueueService:
         tenant_limit = (tenant.max_pending if tenant and tenant.max_pending is not None
                         else self.settings.max_pending_per_tenant)
         limits = [queue_limit] + ([tenant_limit] if owner else [])
-        if await self._pending_counts(None) < min(limits):
+        if await self._pending_count() < min(limits):
             return sub
         job_id = sub.job_id
         records = [r for r in await self.jobs.get_many(await self.jobs.pending(10 * max(limits)))
@@ -198,9 +206,26 @@ class QueueService:
                                reason=f"tenant {owner!r} has {tenant_limit} pending jobs, its limit; retry later")
         return sub
 
+    async def _create(self, record: JobRecord, score: float) -> bool:
+        """Store and enqueue a new job, with the other submissions of this turn (one round trip), keeping the
+        pending set's size it answers with; False when the id existed."""
+        pending = await self._creates((record, score))
+        if pending:
+            self._pending_seen = (pending, time.monotonic())
+        return bool(pending)
+
+    async def _pending_count(self) -> int:
+        """The pending set's size: as this queue's last creation (or read) saw it, within
+        ``PENDING_COUNT_FRESH_S``; else read, once for every submission that asks in the same turn."""
+        size, seen_at = self._pending_seen
+        if time.monotonic() - seen_at < PENDING_COUNT_FRESH_S:
+            return size
+        return await self._pending_counts(None)
+
     async def _count_pending(self, asking: list[None]) -> list[int]:
-        """The pending set's size, read once for every submission that asks in the same turn."""
-        return [await self.redis.zcard(keys.PENDING)] * len(asking)
+        size = await self.redis.zcard(keys.PENDING)
+        self._pending_seen = (size, time.monotonic())
+        return [size] * len(asking)
 
     async def _reject(self, rejection: JobRejected, owner: str | None = None) -> None:
         log.info("job_rejected", job_id=rejection.job_id, field=rejection.field, reason=rejection.reason,
@@ -242,8 +267,7 @@ class QueueService:
             trace_parent=current_traceparent(),  # queue.submit's (a child of the submitter's): the placer goes on
         )
         score = pending_score(sub.spec.metadata.priority_class, sub.ts)
-        created = await self._creates((record, score))
-        if not created:
+        if not await self._create(record, score):
             # The same id again (a client retrying, or a user resubmitting with --job-id): the same job. Its
             # verdict is the job as it stands, so a retry never makes a second job nor sets one back to pending.
             existing = await self.jobs.get(job_id)

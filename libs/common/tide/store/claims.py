@@ -92,12 +92,21 @@ class PodClaim:
 
 @dataclass(frozen=True)
 class RecordWrite:
-    """A job record's compare-and-set (its stored JSON ``expected`` -> ``new``) and the claims released with it."""
+    """A job record's compare-and-set (its stored JSON ``expected`` -> ``new``) with, in the same step, the
+    release of claims (``release``: an exited pod's) or the commit of a reservation (``commit``: its id)."""
 
     job_id: str
     expected: str
     new: str
-    claim_keys: tuple[str, ...]
+    release: tuple[str, ...] = ()
+    commit: str = ""
+    touches: tuple[str, ...] | None = None
+    """The other keys the write touches, as the caller knows them (the released claims' used keys; the claim
+    keys of the reservation and their used keys); None: not known, read before the script."""
+
+
+WRITTEN, RECORD_CHANGED, RESERVATION_LAPSED = 1, 0, 2
+"""``ClaimStore.write_records``' outcome of each write."""
 
 
 class ClaimStore:
@@ -112,11 +121,10 @@ class ClaimStore:
         self._claim = redis.register_script(_script("claim.lua"))
         self._commit = redis.register_script(_script("commit.lua"))
         self._claim_many = redis.register_script(_script("claim_many.lua"))
-        self._commit_many = redis.register_script(_script("commit_many.lua"))
         self._release = redis.register_script(_script("release.lua"))
         self._expire = redis.register_script(_script("expire.lua"))
         self._extend = redis.register_script(_script("extend.lua"))
-        self._write_release = redis.register_script(_script("write_release.lua"))
+        self._record_writes = redis.register_script(_script("record_writes.lua"))
 
     async def set_capacity(self, node: NodeDescription) -> None:
         cap_key = keys.capacity(node.node_id)
@@ -232,29 +240,6 @@ class ClaimStore:
         code, _ = await self._run(self._commit, "commit", call_keys)
         return code == 1
 
-    async def commit_many(self, reservations: list[str], known: list[str] | None = None) -> list[bool]:
-        """``commit`` for several reservations in one script call, each judged on its own (committed, or False
-        when its TTL lapsed). ``known``: the claim keys of these reservations and the used keys of their items,
-        as the caller reserved them: nothing is read before the script then (other reservations' lapses are left
-        to the sweep, ``expire``); a hint that misses a key costs a retry."""
-        if not reservations:
-            return []
-        commits = [[r, keys.reservation(r)] for r in reservations]
-        own = [k for _, k in commits]
-
-        async def call_keys() -> tuple[list[str], dict[str, Any]]:
-            lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
-            rkeys = sorted({*own, *lapsed.values()})
-            touched = rkeys + await self._touched(rkeys, [])
-            return touched, {"rkeys": lapsed, "commits": commits}
-
-        async def hinted() -> tuple[list[str], dict[str, Any]]:
-            # each reservation's own lapse is judged in the script; others that lapsed are the sweep's
-            return own + list(known or []), {"rkeys": {}, "commits": commits}
-
-        _, out = await self._run(self._commit_many, "commit", call_keys, hinted if known is not None else None)
-        return [int(x) == 1 for x in out]
-
     async def extend(self, reservation: str, ttl_ms: int) -> bool:
         """Push a held reservation's lapse to ``ttl_ms`` from now (never earlier); False when it has lapsed."""
         request = {"resv": reservation, "ttl_ms": int(ttl_ms)}
@@ -295,27 +280,32 @@ class ClaimStore:
         _, released = await self._run(self._release, "release", call_keys, hinted if known is not None else None)
         return int(released)
 
-    async def write_and_release(self, writes: list[RecordWrite], known: list[str] | None = None) -> list[bool]:
-        """Compare-and-set job records, each with the release of its claims, in one script call: a write's record
-        goes from ``expected`` to ``new`` and its claims are released only if the record still holds
-        ``expected`` (True); otherwise nothing of that write is done (False). ``known``: the used keys of the
-        claims' items as the caller knows them (saves reading the claims first; a hint that misses one costs a
-        retry)."""
+    async def write_records(self, writes: list[RecordWrite]) -> list[int]:
+        """Compare-and-set job records, each with the release of its claims or the commit of its reservation, in
+        one script call. Per write, in order: ``WRITTEN`` (the record went from ``expected`` to ``new`` and its
+        claims were released or its reservation committed in the same step), ``RECORD_CHANGED`` (the record held
+        something else: nothing of that write was done) or ``RESERVATION_LAPSED`` (the reservation to commit had
+        lapsed and is released; the record untouched). When every write names the keys it ``touches``, nothing is
+        read before the script (a hint that misses one costs a retry)."""
         if not writes:
             return []
-        request = {"writes": [{"job": keys.job(w.job_id), "claims": list(w.claim_keys)} for w in writes]}
+        request = {"writes": [{"job": keys.job(w.job_id), "claims": list(w.release)}
+                              | ({"commit": [w.commit, keys.reservation(w.commit)]} if w.commit else {})
+                              for w in writes]}
         records = [raw for w in writes for raw in (w.expected, w.new)]
-        own = [keys.job(w.job_id) for w in writes] + [k for w in writes for k in w.claim_keys]
+        rkeys = [keys.reservation(w.commit) for w in writes if w.commit]
+        own = [keys.job(w.job_id) for w in writes] + [k for w in writes for k in w.release] + rkeys
 
         async def call_keys() -> tuple[list[str], dict[str, Any]]:
-            return own + await self._touched([], [k for w in writes for k in w.claim_keys]), request
+            return own + await self._touched(rkeys, [k for w in writes for k in w.release]), request
 
         async def hinted() -> tuple[list[str], dict[str, Any]]:
-            return own + list(known or []), request
+            return own + [k for w in writes for k in w.touches or ()], request
 
-        _, out = await self._run(self._write_release, "write_release", call_keys,
-                                 hinted if known is not None else None, more_args=records)
-        return [int(x) == 1 for x in out]
+        known = all(w.touches is not None for w in writes)
+        _, out = await self._run(self._record_writes, "record writes", call_keys, hinted if known else None,
+                                 more_args=records)
+        return [int(x) for x in out]
 
     async def expire(self) -> list[str]:
         """Release lapsed reservations; returns every reservation id that lapsed since the last call."""

@@ -46,13 +46,15 @@ class JobStore:
         created = await self._create(*_create_call(record, pending_score))
         return bool(created)
 
-    async def create_many(self, jobs: list[tuple[JobRecord, float]]) -> list[bool]:
-        """``create`` for each (record, pending score), in one pipeline: whether each was stored, in order."""
+    async def create_many(self, jobs: list[tuple[JobRecord, float]]) -> list[int]:
+        """``create`` for each (record, pending score), in one pipeline, in order: the pending set's size once
+        the job was stored and enqueued (a count the caller may keep instead of reading it), or 0 when the id
+        existed."""
         results = await self._run_many(self._create, [_create_call(r, score) for r, score in jobs])
         for result in results:
             if isinstance(result, Exception):
                 raise result
-        return [bool(result) for result in results]
+        return [int(result) for result in results]
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.get(keys.job(job_id))
@@ -86,8 +88,8 @@ class JobStore:
         compare-and-set refuses it, and a ``change`` that declines it is asked again on a fresh read).
 
         ``write(expected, new)`` replaces the compare-and-set with one that does more in the same atomic step
-        (``ClaimStore.write_and_release``): it answers as the compare-and-set does (true: written; false:
-        the record held something else; -2: fenced)."""
+        (``ClaimStore.write_records``): it answers as the compare-and-set does (true: written; false: the
+        record held something else) or raises."""
         key = keys.job(job_id)
         raw = known
         while True:
