@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 from tide.store import keys
 from tide.store.claims import (
     RECORD_CHANGED,
+    RECORD_CHANGED_WHY,
     RESERVATION_LAPSED,
     WRITTEN,
     ClaimItem,
@@ -220,3 +221,21 @@ async def test_a_fenced_record_write_releases_nothing(redis: Redis) -> None:
         await fenced.write_records([RecordWrite("a", "a-v1", "a-v2", commit="a:1")])
     assert await redis.get(keys.job("a")) == "a-v1"
     assert len(await redis.smembers(keys.CLAIMS_INDEX)) == 2 and await redis.zrange(keys.RESERVATIONS, 0, -1)
+
+
+async def test_a_reservation_and_the_record_naming_it_are_one_write(redis: Redis) -> None:
+    store = await fresh(redis)
+    for job, score in (("a", 1.0), ("b", 2.0), ("c", 3.0)):
+        await redis.set(keys.job(job), f"{job}-pending")
+        await redis.zadd(keys.PENDING, {job: score})
+    out = await store.reserve_many([GANGS[0], GANGS[1], GANGS[2]], 30_000, lapsing=[], records=[
+        RecordWrite("a", "a-pending", "a-reserved", dequeue=True),
+        RecordWrite("b", "b-pending", "b-reserved", dequeue=True),  # a's GPU: refused, its record untouched
+        RecordWrite("c", "c-changed", "c-reserved", dequeue=True),  # c's record moved on: nothing claimed
+    ])
+    assert out == [(True, "ok"), (False, out[1][1]), (False, RECORD_CHANGED_WHY)]
+    assert "insufficient" in out[1][1]
+    assert [await redis.get(keys.job(j)) for j in "abc"] == ["a-reserved", "b-pending", "c-pending"]
+    assert await redis.zrange(keys.PENDING, 0, -1) == ["b", "c"]
+    _, claims, held = await state(redis)
+    assert held == ["a:1"] and sorted(claims) == sorted(c.key for c in GANGS[0][0])

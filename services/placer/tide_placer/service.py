@@ -24,7 +24,7 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +105,7 @@ from tide.settings import Settings
 from tide.store import keys
 from tide.store.claims import (
     LAPSE_MARGIN_MS,
+    RECORD_CHANGED_WHY,
     RESERVATION_LAPSED,
     WRITTEN,
     ClaimItem,
@@ -149,6 +150,10 @@ class Reserved:
 
 class ReservationLapsed(Exception):
     """A gang's reservation lapsed before its commit was written (its slots are released)."""
+
+
+class ClaimRefused(Exception):
+    """Redis refused a gang's claims (the slots are taken: the view was stale); nothing was claimed or written."""
 
 
 @dataclass(frozen=True)
@@ -237,12 +242,13 @@ class PlacerService:
         self.claims = ClaimStore(self.redis, fence=lambda: self.lease.token)
         self.view = ClusterView(self.redis, self.claims, self.settings.placer_resync_s)
         # the Redis steps that concurrent gangs and pods reach in the same turn go out as one call each: a
-        # cycle's reservations (one claim script for every gang); the records written with the commits of the
-        # gangs whose pods started and with the release of the pods that exited (one script); the records the
-        # view cannot judge an exit on (one read)
+        # cycle's reservations with the records naming them (one claim script for every gang); the records
+        # written with the commits of the gangs whose pods started and with the release of the pods that exited
+        # (one script); the records the view cannot judge an exit on (one read)
         ttl_ms = int(self.settings.reservation_ttl_s * 1000)
-        self._reserve_batch: Batcher[tuple[list[PodClaim], str], tuple[bool, str]] = Batcher(
-            lambda gangs: self.claims.reserve_many(gangs, ttl_ms, self._lapsing))
+        self._reserve_batch: Batcher[tuple[list[PodClaim], str, RecordWrite], tuple[bool, str]] = Batcher(
+            lambda gangs: self.claims.reserve_many([(c, r) for c, r, _ in gangs], ttl_ms, self._lapsing,
+                                                   [w for _, _, w in gangs]))
         self._records_batch: Batcher[str, JobRecord | None] = Batcher(lambda ids: self.jobs.get_many(ids))
         self._writes_batch: Batcher[RecordWrite, int] = Batcher(lambda writes: self.claims.write_records(writes))
         await self._load_node_leases()
@@ -604,32 +610,43 @@ class PlacerService:
             task.add_done_callback(self._starting.discard)
 
     async def _update(self, job_id: str, change: Callable[[JobRecord], bool], dequeue: bool = False,
-                      release: tuple[str, ...] = (), commit: Callable[[], str] | None = None,
-                      commit_keys: tuple[str, ...] = ()) -> JobRecord | None:
+                      write: Callable[[str, str], Awaitable[bool]] | None = None) -> JobRecord | None:
         """Change a job record atomically (``JobStore.change``, starting from the view's copy) and keep the
-        result in the view. In the same atomic step: with ``dequeue`` the job leaves the pending set; the claims
-        ``release`` names are released; the reservation ``commit()`` names after the change ('' for none: the
-        change did not commit one) is committed (``commit_keys``: its claim keys and their used keys), or
-        ``ReservationLapsed`` is raised and nothing is written. Releases and commits go with the other writes
-        of the turn (``ClaimStore.write_records``)."""
-
-        async def write(expected: str, new: str) -> bool:
-            resv = commit() if commit is not None else ""
-            held = [self.view.allocs.get(k) for k in release]
-            touches = (tuple(keys.used(a.node_id) for a in held if a is not None) + (commit_keys if resv else ())
-                       if all(a is not None for a in held) else None)
-            outcome = await self._writes_batch(RecordWrite(job_id, expected, new, release, resv, touches))
-            if outcome == RESERVATION_LAPSED:
-                raise ReservationLapsed(resv)
-            return outcome == WRITTEN
-
-        result = await self.jobs.change(job_id, change, known=self.view.raw(job_id), dequeue=dequeue,
-                                        write=write if release or commit else None)
+        result in the view; with ``dequeue`` the job leaves the pending set in the same step. ``write``: the
+        compare-and-set with more in the same step (``_exit_write``, ``_commit_write``, ``_reserve``'s)."""
+        result = await self.jobs.change(job_id, change, known=self.view.raw(job_id), dequeue=dequeue, write=write)
         if result is None:
             return None
         record, raw = result
         self.view.remember(record, raw)
         return record
+
+    def _exit_write(self, job_id: str, release: tuple[str, ...]) -> Callable[[str, str], Awaitable[bool]]:
+        """A record write that releases the claims ``release`` names in the same step (an exited pod's), with the
+        other writes of the turn (``ClaimStore.write_records``)."""
+
+        async def write(expected: str, new: str) -> bool:
+            held = [self.view.allocs.get(k) for k in release]
+            touches = tuple(keys.used(a.node_id) for a in held if a is not None) if None not in held else None
+            return await self._writes_batch(RecordWrite(job_id, expected, new, release, touches=touches)) == WRITTEN
+
+        return write
+
+    def _commit_write(self, job_id: str, committing: Callable[[], str], commit_keys: tuple[str, ...]
+                      ) -> Callable[[str, str], Awaitable[bool]]:
+        """A record write that commits, in the same step, the reservation ``committing()`` names once the change
+        ran ('' when the change did not commit one; ``commit_keys``: its claim keys and their used keys), with the
+        other writes of the turn; ``ReservationLapsed`` when it lapsed first (nothing written)."""
+
+        async def write(expected: str, new: str) -> bool:
+            resv = committing()
+            outcome = await self._writes_batch(
+                RecordWrite(job_id, expected, new, commit=resv, touches=commit_keys if resv else ()))
+            if outcome == RESERVATION_LAPSED:
+                raise ReservationLapsed(resv)
+            return outcome == WRITTEN
+
+        return write
 
     async def _nominate(self, job_id: str, reason: str) -> None:
         await self._update(job_id, lambda r: nominate(r, reason, time.time()))
@@ -741,26 +758,32 @@ class PlacerService:
             )
             for p in placements
         ]
-        self._own_resv.add(resv)
-        ok, why = await self._reserve_batch((claims, resv))  # with the other gangs of the cycle: one script call
-        if not ok:
-            self._own_resv.discard(resv)
-            log.info("reserve_lost", job_id=job_id, reason=why)
-            self.view.invalidate()  # Redis refused what the view thought was free
-            return None
-
-        self.view.note_claims({c.key: Allocation.from_dict(c.alloc) for c in claims})  # applied without a read
         pods = {p.pod_index: (p.alloc.node_id, [g.uuid for g in assignments[p.pod_index]]) for p in placements}
 
         def assign(r: JobRecord) -> bool:
             return reserve_extras(r, attempt, resv, pods) if grow else reserve(r, attempt, resv, pods, record.spec)
 
-        async with gate or contextlib.nullcontext():
-            updated = await self._update(job_id, assign, dequeue=not grow)
-        if updated is None:  # cancelled, or another placer got there first: not a stale view
-            await self.claims.release([c.key for c in claims], resv)
+        async def reserve_and_write(expected: str, new: str) -> bool:
+            """The claims and the record naming the attempt in one step, with the other gangs of the cycle (one
+            script call); a record that changed meanwhile claims nothing (the change is made again on it)."""
+            ok, why = await self._reserve_batch((claims, resv, RecordWrite(job_id, expected, new, dequeue=not grow)))
+            if not ok and why != RECORD_CHANGED_WHY:
+                raise ClaimRefused(why)
+            return ok
+
+        self._own_resv.add(resv)
+        try:
+            async with gate or contextlib.nullcontext():
+                updated = await self._update(job_id, assign, write=reserve_and_write)
+        except ClaimRefused as refused:
+            self._own_resv.discard(resv)
+            log.info("reserve_lost", job_id=job_id, reason=str(refused))
+            self.view.invalidate()  # Redis refused what the view thought was free
+            return None
+        if updated is None:  # cancelled, or another placer got there first (not a stale view): nothing claimed
             self._own_resv.discard(resv)
             return None
+        self.view.note_claims({c.key: Allocation.from_dict(c.alloc) for c in claims})  # applied without a read
         log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}),
                  pods=[p.pod_index for p in placements], extras=grow)
         touched = tuple([c.key for c in claims] + sorted({keys.used(i.node_id) for c in claims for i in c.items}))
@@ -935,8 +958,8 @@ class PlacerService:
                 # record says the gang started (a record that no longer names it, committed or undone already
                 # by whoever changed it, commits nothing)
                 record = await self._while_redis_away(
-                    lambda: self._update(job_id, commit_and_start, commit=lambda: committing[0],
-                                         commit_keys=reserved.touched),
+                    lambda: self._update(job_id, commit_and_start,
+                                         write=self._commit_write(job_id, lambda: committing[0], reserved.touched)),
                     "commit")
             except ReservationLapsed:
                 await self._rollback(job_id, attempt, "gang reservation lapsed before every pod started")
@@ -1416,7 +1439,8 @@ class PlacerService:
 
         # the exit recorded and the pod's claim released in one step (a compare-and-set on the record): never
         # the claim of an attempt the record has moved past; with the other exits of this turn: one script
-        record = await self._update(exited.job_id, change, release=(keys.claim(exited.job_id, pod),))
+        record = await self._update(exited.job_id, change,
+                                    write=self._exit_write(exited.job_id, (keys.claim(exited.job_id, pod),)))
         self._kick.set()
         if record is None:
             return

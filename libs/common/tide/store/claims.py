@@ -100,6 +100,7 @@ class RecordWrite:
     new: str
     release: tuple[str, ...] = ()
     commit: str = ""
+    dequeue: bool = False  # with a reservation (``reserve_many``): the job leaves the pending set
     touches: tuple[str, ...] | None = None
     """The other keys the write touches, as the caller knows them (the released claims' used keys; the claim
     keys of the reservation and their used keys); None: not known, read before the script."""
@@ -107,6 +108,8 @@ class RecordWrite:
 
 WRITTEN, RECORD_CHANGED, RESERVATION_LAPSED = 1, 0, 2
 """``ClaimStore.write_records``' outcome of each write."""
+RECORD_CHANGED_WHY = "record changed"
+"""``ClaimStore.reserve_many``'s reason for a gang not claimed because its job's record held something else."""
 
 
 class ClaimStore:
@@ -198,9 +201,15 @@ class ClaimStore:
         return await self.claim(claims, reservation, ttl_ms)
 
     async def reserve_many(self, gangs: list[tuple[list[PodClaim], str]], ttl_ms: int,
-                           lapsing: list[str] | None = None) -> list[tuple[bool, str]]:
+                           lapsing: list[str] | None = None,
+                           records: list[RecordWrite | None] | None = None) -> list[tuple[bool, str]]:
         """``reserve`` for several gangs (their claims, their reservation id) in one script call: each gang all
         or nothing on its own, in order, as if reserved one after the other.
+
+        ``records``: for each gang, its job's record write (or None): the gang claims only if the record still
+        holds ``expected``, and ``new`` is written in the same step (``dequeue``: the job leaves the pending
+        set), so the reservation and the record naming it are one write; ``(False, RECORD_CHANGED_WHY)`` when
+        the record held something else (nothing claimed).
 
         ``lapsing``: the reservations that may have lapsed by now, as the caller just read them (the placer's
         reconcile step reads every reservation's expiry each cycle). With none, nothing is read before the
@@ -210,21 +219,33 @@ class ClaimStore:
             return []
         if ttl_ms <= 0:
             raise ValueError("a reservation needs a positive ttl_ms")
-        requests, own = [], []
-        for claims, reservation in gangs:
+        requests: list[dict[str, Any]] = []
+        own: list[str] = []
+        more_args: list[str] = []  # each record's expected and new JSON, after the token and the request
+        pending: dict[str, str] = {}
+        for (claims, reservation), record in zip(gangs, records or [None] * len(gangs), strict=True):
             request, gang_keys = _gang_request(claims, reservation, ttl_ms)
+            if record is not None:
+                request["record"] = {"job": keys.job(record.job_id), "at": 3 + len(more_args),
+                                     "dequeue": record.job_id if record.dequeue else ""}
+                more_args += [record.expected, record.new]
+                gang_keys.append(keys.job(record.job_id))
+                if record.dequeue:
+                    pending = {"pending": keys.PENDING}
+                    gang_keys.append(keys.PENDING)
             requests.append(request)
             own += gang_keys
 
         async def call_keys() -> tuple[list[str], dict[str, Any]]:
             lapsed = await self._lapsed(time.time() * 1000 + LAPSE_MARGIN_MS)
             touched = own + list(lapsed.values()) + await self._touched(list(lapsed.values()), [])
-            return touched, {"rkeys": lapsed, "gangs": requests}
+            return touched, {"rkeys": lapsed, "gangs": requests, **pending}
 
         async def none_lapsing() -> tuple[list[str], dict[str, Any]]:
-            return own, {"rkeys": {}, "gangs": requests}
+            return own, {"rkeys": {}, "gangs": requests, **pending}
 
-        _, out = await self._run(self._claim_many, "claim", call_keys, none_lapsing if lapsing == [] else None)
+        _, out = await self._run(self._claim_many, "claim", call_keys, none_lapsing if lapsing == [] else None,
+                                 more_args=more_args)
         return [(int(out[i]) == 1, str(out[i + 1])) for i in range(0, len(out), 2)]
 
     async def commit(self, reservation: str) -> bool:
