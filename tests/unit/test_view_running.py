@@ -177,6 +177,9 @@ async def test_claims_the_placer_noted_are_applied_without_a_read_and_stale_note
     assert {j: [x.node_id for x in allocs] for j, (_, allocs) in running.items()} == {"a": ["n0"], "c": ["n1"]}
     assert cluster.milli_free.sum() == 2000
     assert view._noted == {}
+    view.note_claims({a.key: Allocation.from_dict(a.alloc)})
+    view.invalidate()  # e.g. leading again after another placer: the rebuild reads every claim, notes go
+    assert view._noted == {}
 
 
 async def test_a_cycle_reads_what_it_plans_with_in_its_reconcile_round_trip_unless_reconcile_changed_it(

@@ -81,6 +81,7 @@ class ClusterView:
 
     def invalidate(self) -> None:
         self._stale = True
+        self._noted = {}  # a view rebuilt from Redis reads every claim (e.g. after another placer led)
 
     def note_claims(self, allocs: dict[str, Allocation]) -> None:
         """Claims this placer just took (a cycle's reservations), with their allocations: the next refresh that

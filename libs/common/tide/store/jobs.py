@@ -88,8 +88,9 @@ class JobStore:
         compare-and-set refuses it, and a ``change`` that declines it is asked again on a fresh read).
 
         ``write(expected, new)`` replaces the compare-and-set with one that does more in the same atomic step
-        (``ClaimStore.write_records``): it answers as the compare-and-set does (true: written; false: the
-        record held something else) or raises."""
+        (the placer's: ``ClaimStore.write_records``, ``ClaimStore.reserve_many`` with records, which dequeue
+        themselves): it answers as the compare-and-set does (true: written; false: the record held something
+        else) or raises."""
         key = keys.job(job_id)
         raw = known
         while True:
