@@ -295,7 +295,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     nodes = [default_h100_node(f"n{i:04d}", rack=f"r{i // 16}") for i in range(args.nodes)]
     with tempfile.TemporaryDirectory() as tmp:
         home = args.home or tmp
-        stack = Stack(Path(home), nodes, start_agents=False, env={"metrics": {"TIDE_METRICS_POLL_S": "5"}})
+        stack = Stack(Path(home), nodes, start_agents=False,
+                      env={"metrics": {"TIDE_METRICS_POLL_S": str(args.metrics_poll_s)}})
         loop = asyncio.get_running_loop()
         info = await loop.run_in_executor(None, stack.start)
         agents = [SimAgent(info, n) for n in nodes]
@@ -354,6 +355,8 @@ def main() -> None:
     parser.add_argument("--rates", default="100,400,600")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each rate is offered")
     parser.add_argument("--run-s", type=float, default=2.0, help="how long each job runs")
+    parser.add_argument("--metrics-poll-s", type=float, default=5.0,
+                        help="how often the metrics service reads the cluster state (TIDE_METRICS_POLL_S)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--home", help="keep the stack's state and logs here (default: a temporary folder)")
     args = parser.parse_args()
