@@ -143,9 +143,16 @@ class StackInfo:
         return env
 
     def save(self) -> None:
+        """Written whole or not at all (a temporary file renamed over it), so a reader never finds it empty or
+        half written while the supervisor rewrites it for a restarted process; readable by its owner only (it
+        holds the stack's passwords)."""
         path = Path(self.home) / "stack.json"
-        path.write_text(json.dumps(asdict(self), indent=2))
-        path.chmod(0o600)
+        tmp = path.with_name(f".stack.json.{os.getpid()}.{threading.get_ident()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(asdict(self), indent=2))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
 
     @classmethod
     def load(cls, home: Path) -> StackInfo:
