@@ -32,6 +32,14 @@ def claim(job_id: str, index: int, node: str, gpu: int) -> PodClaim:
                                                  ClaimItem(node, "cpu", 1000)), alloc.to_dict())
 
 
+async def two_nodes(redis: Redis) -> ClaimStore:
+    """Two registered 2-GPU nodes, n0 and n1; their claim store."""
+    claims = ClaimStore(redis)
+    for n in ("n0", "n1"):
+        await claims.set_capacity(small_node(n, gpus=2))
+    return claims
+
+
 async def store_record(redis: Redis, job_id: str, replicas: int = 1, min_member: int | None = None) -> None:
     body = job(job_id, ["sleep", "30"], gpu=1)
     body["spec"]["replicas"] = replicas
@@ -45,9 +53,7 @@ async def store_record(redis: Redis, job_id: str, replicas: int = 1, min_member:
 async def test_the_running_set_follows_claims_and_elastic_jobs_are_found_by_index(
         redis: Redis, monkeypatch) -> None:
     monkeypatch.setattr(view_module, "freeze_long_lived", lambda: None)
-    claims = ClaimStore(redis)
-    for n in ("n0", "n1"):
-        await claims.set_capacity(small_node(n, gpus=2))
+    claims = await two_nodes(redis)
     await store_record(redis, "a", replicas=2)
     await store_record(redis, "el", replicas=2, min_member=1)  # one pod beyond its gang: elastic
     assert (await claims.claim([claim("a", 0, "n0", 0), claim("a", 1, "n1", 0)]))[0]
@@ -114,9 +120,7 @@ async def test_an_idle_cycle_rebuilds_a_view_that_is_due_so_the_next_job_does_no
     frozen: list[int] = []
     monkeypatch.setattr(view_module, "freeze_long_lived", lambda: frozen.append(1))
     await redis.flushdb()
-    claims = ClaimStore(redis)
-    for n in ("n0", "n1"):
-        await claims.set_capacity(small_node(n, gpus=2))
+    claims = await two_nodes(redis)
     svc = PlacerService(Settings(placer_resync_s=60.0))
     svc.redis, svc.claims = redis, claims
     svc.view = view = ClusterView(redis, claims, resync_s=60.0)
@@ -144,9 +148,7 @@ async def test_an_idle_cycle_rebuilds_a_view_that_is_due_so_the_next_job_does_no
 async def test_claims_the_placer_noted_are_applied_without_a_read_and_stale_notes_are_dropped(
         redis: Redis, monkeypatch) -> None:
     monkeypatch.setattr(view_module, "freeze_long_lived", lambda: None)
-    claims = ClaimStore(redis)
-    for n in ("n0", "n1"):
-        await claims.set_capacity(small_node(n, gpus=2))
+    claims = await two_nodes(redis)
     for j in ("a", "b", "c"):
         await store_record(redis, j)
     view = ClusterView(redis, claims, resync_s=60.0)
@@ -189,9 +191,7 @@ async def test_a_cycle_reads_what_it_plans_with_in_its_reconcile_round_trip_unle
     changed something (here: a lapsed reservation released and its job rolled back)."""
     monkeypatch.setattr(view_module, "freeze_long_lived", lambda: None)
     await redis.flushdb()
-    claims = ClaimStore(redis)
-    for n in ("n0", "n1"):
-        await claims.set_capacity(small_node(n, gpus=2))
+    claims = await two_nodes(redis)
     svc = PlacerService(Settings(placer_resync_s=60.0))
     svc.redis, svc.claims, svc.jobs = redis, claims, JobStore(redis)
     svc.view = ClusterView(redis, claims, resync_s=60.0)
