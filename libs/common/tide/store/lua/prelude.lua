@@ -42,6 +42,20 @@ local function claim_keys_declared(key)
   return items
 end
 
+-- The claims ``keys`` with their items ({{key, items}, ...}, for release_items), or nil and the first key (a
+-- claim's or one of its used keys') that was not declared.
+local function claims_declared(keys)
+  local checked = {}
+  for _, key in ipairs(keys) do
+    local items = claim_keys_declared(key)
+    if items == nil then
+      return nil, key
+    end
+    table.insert(checked, {key, items})
+  end
+  return checked
+end
+
 -- Release one claim whose keys were checked by claim_keys_declared (items: what it returned).
 local function release_items(key, items)
   local released = 0

@@ -17,13 +17,9 @@ for i, w in ipairs(req.writes) do
   if not declared[w.job] then
     return {-1, w.job}
   end
-  local claims = {}
-  for _, key in ipairs(w.claims) do
-    local items = claim_keys_declared(key)
-    if items == nil then
-      return {-1, key}
-    end
-    table.insert(claims, {key, items})
+  local claims, missing = claims_declared(w.claims)
+  if claims == nil then
+    return {-1, missing}
   end
   releasing[i] = claims
   if w.commit then

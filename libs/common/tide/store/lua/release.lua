@@ -5,13 +5,9 @@ if fenced() then
   return {-2, 'fenced'}
 end
 local req = cjson.decode(ARGV[2])
-local checked = {}
-for _, key in ipairs(req.claims) do
-  local items = claim_keys_declared(key)
-  if items == nil then
-    return {-1, key}
-  end
-  table.insert(checked, {key, items})
+local checked, missing = claims_declared(req.claims)
+if checked == nil then
+  return {-1, missing}
 end
 if req.resv ~= '' and not declared[req.rkey] then
   return {-1, req.rkey}
