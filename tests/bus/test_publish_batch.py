@@ -1,4 +1,4 @@
-"""Events published together go to JetStream as one atomic batch (issue 17): n + 1 messages where one publish
+"""Events published together go to JetStream as one fast-ingest batch (issue 17): n + 2 messages where one publish
 each cost 2n, every event still stored exactly once, and a batch the server refuses sent again one by one."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 from tide import subjects
-from tide.bus.nats import BATCH_UNKNOWN, BatchRefused, batch_refusal, ensure_streams, publish_batch
-from tide.events import ATOMIC_MIN, EventPublisher
+from tide.bus.nats import BATCH_DISABLED, BATCH_UNKNOWN, FastBatches, batch_refusal, ensure_streams
+from tide.events import BATCH_MIN, EventPublisher
 from tide.schemas.events import JobEvent, JobRecord
 from tide.schemas.job import JobSpec
 from tide.subjects import job_event
@@ -43,87 +43,94 @@ def event(job_id: str, kind: str = "queued") -> tuple[str, bytes, dict[str, str]
     return job_event(job_id, kind), body.to_bytes(), {"Nats-Msg-Id": body.event_id}
 
 
-async def test_a_batch_is_stored_whole_with_one_ack_and_refused_whole_when_it_repeats_an_id(
-        nats_url: str) -> None:  # noqa: F811
-    nc = await nats.connect(nats_url)
+async def test_a_batch_costs_two_answers_and_drops_ids_stored_before(nats_url: str) -> None:  # noqa: F811
+    nc = await nats.connect(nats_url, inbox_prefix="_INBOX_placer")
     js = nc.jetstream()
     await ensure_streams(js)
+    batches = FastBatches(nc)
+    await batches.publish([event("j0")])  # the subscription to the batches' answers is made once
     sent, received = nc.stats["out_msgs"], nc.stats["in_msgs"]
-    await publish_batch(nc, [event(f"j{i}") for i in range(5)])
-    assert nc.stats["out_msgs"] - sent == 5 and nc.stats["in_msgs"] - received == 1  # one ack for five
-    assert [e.job_id for e in await stored_events(js)] == [f"j{i}" for i in range(5)]
+    await batches.publish([event(f"j{i}") for i in range(1, 6)])
+    assert nc.stats["out_msgs"] - sent == 5 and nc.stats["in_msgs"] - received == 2  # two answers for five
+    assert [e.job_id for e in await stored_events(js)] == [f"j{i}" for i in range(6)]
 
-    with pytest.raises(BatchRefused) as refused:  # j2 was stored: nothing of this batch is
-        await publish_batch(nc, [event("k0"), event("j2"), event("k1")])
-    assert refused.value.err_code == 10201
-    assert [e.job_id for e in await stored_events(js)] == [f"j{i}" for i in range(5)]
+    await batches.publish([event("k0"), event("j2"), event("k1")])  # j2 is stored: dropped, the others stored
+    assert [e.job_id for e in await stored_events(js)] == [*(f"j{i}" for i in range(6)), "k0", "k1"]
     with pytest.raises(ValueError):
-        await publish_batch(nc, [])
+        await batches.publish([])
+    assert not batches._open
     await nc.close()
 
 
 async def test_events_of_one_turn_share_a_batch_and_a_repeated_one_is_stored_once(nats_url: str) -> None:  # noqa: F811
-    """Twenty publishes at once: every publisher returns once its event is stored, for one ack. Then a turn that
-    repeats two stored events (a redelivered handler) among new ones: the server refuses the batch, the publisher
-    sends it one by one, and each event is in the stream once."""
+    """Twenty publishes at once: every publisher returns once its event is stored, for two answers. Then a turn that
+    repeats two stored events (a redelivered handler) among new ones: each event is in the stream once. Fewer than
+    ``BATCH_MIN`` go one by one, one answer each."""
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await ensure_streams(js)
     events = EventPublisher(js, nc, window_s=60.0)
     records = [make_record(f"job-{i}") for i in range(20)]
-    assert len(records) >= ATOMIC_MIN
     received = nc.stats["in_msgs"]
     await asyncio.gather(*[events.publish(r, "queued") for r in records])
-    assert nc.stats["in_msgs"] - received == 1
+    assert nc.stats["in_msgs"] - received == 2
     assert sorted(e.job_id for e in await stored_events(js)) == sorted(r.job_id for r in records)
 
-    again = [*records[:2], *(make_record(f"new-{i}") for i in range(ATOMIC_MIN))]
+    again = [*records[:2], *(make_record(f"new-{i}") for i in range(BATCH_MIN))]
     await asyncio.gather(*[events.publish(r, "queued") for r in again])
     stored = [e.event_id for e in await stored_events(js)]
-    assert len(stored) == 20 + ATOMIC_MIN and len(set(stored)) == len(stored)
+    assert len(stored) == 20 + BATCH_MIN and len(set(stored)) == len(stored)
 
-    received = nc.stats["in_msgs"]  # fewer than ATOMIC_MIN: one by one, no disk-staged batch for them
-    await asyncio.gather(*[events.publish(r, "placed") for r in records[:3]])
-    assert nc.stats["in_msgs"] - received == 3
+    received = nc.stats["in_msgs"]
+    await asyncio.gather(*[events.publish(r, "placed") for r in records[:BATCH_MIN - 1]])
+    assert nc.stats["in_msgs"] - received == BATCH_MIN - 1
+    assert events._batching
     await events.flush()
     await nc.close()
 
 
-async def test_a_stream_without_atomic_batches_still_stores_every_event(nats_url: str) -> None:  # noqa: F811
-    """An EVENTS stream made by an older Tide (no ``allow_atomic``): the server refuses the batch, and the publisher
+async def test_a_stream_without_fast_batches_still_stores_every_event(nats_url: str) -> None:  # noqa: F811
+    """An EVENTS stream made by an older Tide (no ``allow_batched``): the server refuses the batch, and the publisher
     stores the events one by one from then on."""
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name="EVENTS", subjects=[subjects.EVENTS_ALL]))
     events = EventPublisher(js, nc, window_s=60.0)
-    records = [make_record(f"old-{i}") for i in range(ATOMIC_MIN)]
+    records = [make_record(f"old-{i}") for i in range(BATCH_MIN + 2)]
     await asyncio.gather(*[events.publish(r, "placed") for r in records])
-    assert not events._atomic
+    assert not events._batching
     received = nc.stats["in_msgs"]
     await asyncio.gather(*[events.publish(r, "running") for r in records])
-    assert nc.stats["in_msgs"] - received == ATOMIC_MIN  # one ack each: no batch tried again
-    assert len(await stored_events(js)) == 2 * ATOMIC_MIN
+    assert nc.stats["in_msgs"] - received == len(records)  # one ack each: no batch tried again
+    assert len(await stored_events(js)) == 2 * len(records)
     await events.flush()
     await nc.close()
 
 
-async def test_ensure_streams_turns_atomic_batches_on_for_an_existing_stream(nats_url: str) -> None:  # noqa: F811
+async def test_ensure_streams_turns_fast_batches_on_for_an_existing_stream(nats_url: str) -> None:  # noqa: F811
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name="EVENTS", subjects=[subjects.EVENTS_ALL]))
     await ensure_streams(js)
-    assert (await js.stream_info("EVENTS")).config.allow_atomic is True
+    assert (await js.stream_info("EVENTS")).config.allow_batched is True
     await nc.close()
 
 
-def test_what_a_commit_ack_says() -> None:
-    """All stored; refused (the server's code); an ack naming no batch, from a server older than 2.12 that took each
+def test_what_the_answers_to_a_batch_say() -> None:
+    """A flow acknowledgement: nothing against the batch. The commit's ack: all counted, or not. A refusal (the
+    server's code), a lost message (a gap). An ack naming no batch, from a server older than 2.14 that took each
     message as a plain publish (compose.yaml's nats:2.10): unknown, so the publisher sends them again one by one,
     de-duplicated by id, and stops batching."""
-    assert batch_refusal({"stream": "EVENTS", "seq": 9, "batch": "b", "count": 3}, 3) is None
-    refused = batch_refusal({"error": {"code": 400, "err_code": 10201, "description": "duplicate"}, "seq": 0}, 3)
-    assert refused is not None and refused.err_code == 10201
-    old_server = batch_refusal({"stream": "EVENTS", "seq": 9}, 3)
+    assert batch_refusal({"type": "ack", "seq": 0, "msgs": 500}, 1, 3) is None
+    assert batch_refusal({"stream": "EVENTS", "seq": 9, "batch": "b", "count": 3}, 3, 3) is None
+    disabled = batch_refusal({"error": {"code": 400, "err_code": 10205, "description": "disabled"}, "seq": 0}, 1, 3)
+    assert disabled is not None and disabled.err_code == BATCH_DISABLED
+    gap = batch_refusal({"type": "gap", "last_seq": 1, "seq": 3}, 3, 3)
+    assert gap is not None and gap.err_code == 0
+    failed = batch_refusal({"type": "err", "seq": 2, "error": {"code": 400, "err_code": 10071, "description": "x"}},
+                           2, 3)
+    assert failed is not None and failed.err_code == 10071
+    old_server = batch_refusal({"stream": "EVENTS", "seq": 9}, 1, 3)
     assert old_server is not None and old_server.err_code == BATCH_UNKNOWN
-    short = batch_refusal({"stream": "EVENTS", "seq": 9, "batch": "b", "count": 2}, 3)
+    short = batch_refusal({"stream": "EVENTS", "seq": 9, "batch": "b", "count": 2}, 3, 3)
     assert short is not None and short.err_code == 0

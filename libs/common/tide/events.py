@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from tide import subjects
-from tide.bus.nats import BATCH_DISABLED, BATCH_MAX, BATCH_UNKNOWN, BatchRefused, publish, publish_batch
+from tide.bus.nats import BATCH_DISABLED, BATCH_MAX, BATCH_UNKNOWN, BatchRefused, FastBatches, publish
 from tide.schemas.events import JobEvent, JobEventDigest, JobRecord, JobState
 from tide.subjects import job_event
 from tide.tracing import trace_headers
@@ -26,13 +26,10 @@ DIGEST_MAX_EVENTS = 500
 """A digest goes at once when it holds this many (a few hundred bytes each: far below NATS' 1 MiB payload)."""
 
 
-ATOMIC_MIN = 16
-"""The fewest events sent as one atomic batch. The server stages each batch of a file-backed stream on disk (a
-directory, files, an fsync, a rename: about 1.3 ms of its CPU and 2.5 ms of wall time on an idle 2-core box, more
-under load, whatever the size), while an event published alone costs it about 0.13 ms. At 8, the exits of a packed
-8-GPU node reported together made a batch of 8 every few jobs at 100 jobs/s: NATS took 0.4 ms more CPU per job and
-placements 4 ms longer at the median; at 16 those go one by one, and the cycles and intake batches of a loaded
-stack still batch (bench/e2e_latency.py, docs/benchmarks.md)."""
+BATCH_MIN = 3
+"""The fewest events sent as one fast batch: n events cost n + 2 messages that way (the events, the server's flow
+acknowledgement of the first, the commit's ack) and 2n one by one, so a batch saves from 3 on. The server's work
+per event is the same either way (bench/e2e_latency.py, docs/benchmarks.md)."""
 
 
 @dataclass
@@ -54,11 +51,11 @@ class EventPublisher:
     once JetStream has stored it.
 
     The events published in one turn of the event loop (a placement cycle's, a batch of submissions', a status
-    batch's) go to JetStream as one atomic batch (``tide.bus.nats.publish_batch``) when they are at least
-    ``ATOMIC_MIN``: one publish ack for all of them where each cost its own. ``publish`` still returns only once
-    its event is stored. A batch the server refuses (an event stored before: a redelivered handler publishing
-    again) or does not answer is sent again one event at a time, each with its id, so the server stores what it
-    lacks and drops the duplicates."""
+    batch's) go to JetStream as one fast-ingest batch (``tide.bus.nats.FastBatches``) when they are at least
+    ``BATCH_MIN``: two acknowledgements for all of them where each cost its own. ``publish`` still returns only
+    once its event is stored. An event stored before (a redelivered handler publishing again) is dropped by its id
+    in a batch as alone. A batch the server refuses or does not answer is sent again one event at a time, each with
+    its id, so the server stores what it lacks and drops the duplicates."""
 
     def __init__(self, js: JetStreamContext, nc: NATS, *, window_s: float = DIGEST_WINDOW_S) -> None:
         self.js, self.nc, self.window_s = js, nc, window_s
@@ -66,7 +63,8 @@ class EventPublisher:
         self._timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task[None]] = set()
         self._unstored: list[_Unstored] = []
-        self._atomic = True  # off once the server says the stream does not take atomic batches
+        self._batches = FastBatches(nc)
+        self._batching = True  # off once the server says the stream does not take fast batches
 
     async def publish(
         self,
@@ -118,14 +116,14 @@ class EventPublisher:
 
     async def _store_batch(self, batch: list[_Unstored]) -> None:
         try:
-            if len(batch) < ATOMIC_MIN or not self._atomic:
+            if len(batch) < BATCH_MIN or not self._batching:
                 await self._store_one_by_one(batch)
                 return
             try:
-                await publish_batch(self.nc, [(u.subject, u.event.to_bytes(), u.headers) for u in batch])
+                await self._batches.publish([(u.subject, u.event.to_bytes(), u.headers) for u in batch])
             except (BatchRefused, nats.errors.Error) as exc:
                 if isinstance(exc, BatchRefused) and exc.err_code in (BATCH_DISABLED, BATCH_UNKNOWN):
-                    self._atomic = False  # a stream or a server that takes no atomic batches: one by one from now
+                    self._batching = False  # a stream or a server that takes no fast batches: one by one from now
                 log.info("event_batch_sent_one_by_one", events=len(batch), reason=repr(exc))
                 await self._store_one_by_one(batch)
                 return

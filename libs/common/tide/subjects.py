@@ -178,8 +178,8 @@ class StreamDef:
     description: str = ""
     max_msgs: int = -1
     duplicate_window_s: float = 120.0
-    allow_atomic: bool = False
-    """takes atomic batches (``tide.bus.nats.publish_batch``; nats-server 2.12+)"""
+    allow_batched: bool = False
+    """takes fast-ingest batches (``tide.bus.nats.FastBatches``; nats-server 2.14+)"""
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class ConsumerDef:
 DAY_S = 24 * 3600.0
 STREAMS: list[StreamDef] = [
     StreamDef("JOBS", [JOBS_ALL], 7 * DAY_S, description="job submissions, cancellations and rejections"),
-    StreamDef("EVENTS", [EVENTS_ALL], 7 * DAY_S, description="job lifecycle events", allow_atomic=True),
+    StreamDef("EVENTS", [EVENTS_ALL], 7 * DAY_S, description="job lifecycle events", allow_batched=True),
     StreamDef("NODE", [NODE_STATUS_ALL], 7 * DAY_S, description="node agent registrations and pod status"),
     StreamDef("TELEMETRY", [TELEMETRY_ALL], 3600.0, max_msgs_per_subject=1000, description="GPU telemetry"),
     StreamDef("DLQ", [DLQ_ALL], 7 * DAY_S, max_msgs=10_000,

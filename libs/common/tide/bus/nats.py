@@ -6,8 +6,8 @@ import asyncio
 import json
 import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -96,7 +96,7 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> N
             duplicate_window=sd.duplicate_window_s,
             description=sd.description,
             num_replicas=replicas,
-            allow_atomic=sd.allow_atomic or None,
+            allow_batched=sd.allow_batched or None,
         )
         for attempt in range(STREAM_ATTEMPTS):  # a cluster electing a leader answers nothing for a few seconds
             try:
@@ -114,7 +114,7 @@ STREAM_ATTEMPTS = 6
 
 def _same_stream(a: StreamConfig, b: StreamConfig) -> bool:
     keys = ("subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "max_msgs", "duplicate_window",
-            "description", "num_replicas", "allow_atomic")
+            "description", "num_replicas", "allow_batched")
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
@@ -149,64 +149,124 @@ async def publish(js: JetStreamContext, subject: str, message: Message,
 
 
 BATCH_MAX = 500
-"""Messages in one atomic batch (``publish_batch``); the server takes at most 1,000."""
+"""Messages in one fast-ingest batch (``FastBatches.publish``): the server acks a batch at most every 500 messages,
+so one of up to this many gets no acknowledgement but its first and its commit's."""
+
+BATCH_FLOW = 500
+"""The flow asked of the server (acknowledge every this many messages; it answers with its own, at most 500)."""
 
 BATCH_ACK_TIMEOUT_S = 5.0
 
 
 class BatchRefused(Exception):
-    """The server refused an atomic batch whole, so none of it was stored: a message id in it was stored before
-    (err_code 10201), atomic publishing is off on the stream (10174), or another JetStream error."""
+    """The server refused a fast batch, or a message of it, so what was stored is not known: fast batches are off on
+    the stream (err_code 10205), the server lost a message of it (a gap), a message failed a check, or the server
+    does not know fast batches (``BATCH_UNKNOWN``)."""
 
     def __init__(self, err_code: int, description: str) -> None:
-        super().__init__(f"atomic batch refused ({err_code}): {description}")
+        super().__init__(f"fast batch refused ({err_code}): {description}")
         self.err_code = err_code
 
 
-BATCH_DISABLED = 10174
-"""``err_code`` of a batch sent to a stream without ``allow_atomic``."""
+BATCH_DISABLED = 10205
+"""``err_code`` of a batch sent to a stream without ``allow_batched``."""
 BATCH_UNKNOWN = -1
-"""``BatchRefused.err_code`` when the server's ack names no batch: a server older than 2.12 took each message as a
-plain publish (the batch headers mean nothing to it), so what was stored is unknown until they are sent again."""
+"""``BatchRefused.err_code`` when the server's answer names no batch: a server older than 2.14 took each message as a
+plain publish, so what was stored is unknown until they are sent again."""
+
+_START, _APPEND, _COMMIT = 0, 1, 2  # the operation a fast batch's reply subject names
 
 
-def batch_refusal(ack: dict[str, Any], sent: int) -> BatchRefused | None:
-    """What the server's answer to a batch's commit says: None when it stored all ``sent`` messages."""
-    error = ack.get("error")
+def batch_refusal(reply: dict[str, Any], seq: int, sent: int) -> BatchRefused | None:
+    """What the server's answer to message ``seq`` of a fast batch of ``sent`` says against the batch: None for a
+    flow acknowledgement, or for the commit's ack when it counts all ``sent`` messages (stored, or dropped as
+    duplicates of stored ids)."""
+    kind = reply.get("type")
+    if kind == "ack":
+        return None
+    if kind == "gap":
+        return BatchRefused(0, f"the server lost messages {reply.get('last_seq')} to {reply.get('seq')} of the batch")
+    error = reply.get("error")
     if error:
         return BatchRefused(int(error.get("err_code", 0)), str(error.get("description", "")))
-    if "batch" not in ack:
-        return BatchRefused(BATCH_UNKNOWN, f"the server does not know atomic batches (its ack: {ack})")
-    if ack.get("count") != sent:
-        return BatchRefused(0, f"the server stored {ack.get('count')} of {sent} messages")
+    if kind is not None:
+        return BatchRefused(0, f"unexpected answer to message {seq}: {reply}")
+    if "batch" not in reply:
+        return BatchRefused(BATCH_UNKNOWN, f"the server does not know fast batches (its ack: {reply})")
+    if seq == sent and reply.get("count") != sent:
+        return BatchRefused(0, f"the server took {reply.get('count')} of {sent} messages")
     return None
 
 
-async def publish_batch(nc: NATS, messages: list[tuple[str, bytes, dict[str, str]]],
-                        timeout: float = BATCH_ACK_TIMEOUT_S) -> None:
-    """Publish ``messages`` (subject, payload, headers; one stream, at most ``BATCH_MAX``) as one atomic
-    JetStream batch (ADR-50, nats-server 2.12+; the stream needs ``allow_atomic``): every message but the last
-    goes without a reply, the last commits the batch, and the server answers it with one publish ack for all.
-    That is n + 1 messages where a publish each costs 2n, and all of them are stored or none.
+@dataclass
+class _OpenBatch:
+    sent: int
+    done: asyncio.Future[None]
 
-    A message's ``Nats-Msg-Id`` is honoured: a batch holding an id stored before is refused whole
-    (``BatchRefused``, err_code 10201), so a caller that retries after a lost ack sends its messages one by one
-    and the server drops the duplicates. Raises ``BatchRefused``, or a nats timeout or connection error when the
-    outcome is unknown."""
-    if not 0 < len(messages) <= BATCH_MAX:
-        raise ValueError(f"an atomic batch holds 1 to {BATCH_MAX} messages, not {len(messages)}")
-    batch_id = uuid.uuid4().hex
-    last = len(messages)
-    for seq, (subject, payload, headers) in enumerate(messages[:-1], start=1):
-        await nc.publish(subject, payload, headers={**headers, "Nats-Batch-Id": batch_id,
-                                                    "Nats-Batch-Sequence": str(seq)})
-    subject, payload, headers = messages[-1]
-    reply = await nc.request(subject, payload, timeout=timeout,
-                             headers={**headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(last),
-                                      "Nats-Batch-Commit": "1"})
-    refused = batch_refusal(json.loads(reply.data or b"{}"), last)
-    if refused is not None:
-        raise refused
+
+class FastBatches:
+    """Fast-ingest JetStream batches over one connection (ADR-50 "fast ingest", nats-server 2.14+; the stream needs
+    ``allow_batched``). Each message is stored as it comes, as a plain publish is, and the server answers a batch
+    twice: a flow acknowledgement of its first message and a publish ack of its commit (its last message). A batch
+    of n costs n + 2 messages where a publish each costs 2n, and the server's work per message is a plain
+    publish's: no staging, unlike an atomic batch.
+
+    A batch is not atomic: a refusal (``BatchRefused``) or a timeout leaves some of it stored. Each message's
+    ``Nats-Msg-Id`` is honoured, so the caller sends them again one by one and the server drops those it has.
+
+    The batch's id is a fresh inbox of the connection (``<prefix>.<id>``: the server reads the reply subject
+    ``<prefix>.<id>.<flow>.<gap>.<seq>.<op>.$FI`` by position), and one subscription under the connection's own
+    inbox prefix takes every batch's answers, so a client allowed only its inbox needs nothing more."""
+
+    def __init__(self, nc: NATS) -> None:
+        self.nc = nc
+        self._open: dict[str, _OpenBatch] = {}
+        self._listening: str | None = None  # the inbox prefix subscribed to
+
+    async def publish(self, messages: list[tuple[str, bytes, dict[str, str]]],
+                      timeout: float = BATCH_ACK_TIMEOUT_S) -> None:
+        """Store ``messages`` (subject, payload, headers; one stream, at most ``BATCH_MAX``) as one fast batch and
+        return once the server counted all of them. Raises ``BatchRefused``, or a nats timeout or connection
+        error when the outcome is unknown."""
+        if not 0 < len(messages) <= BATCH_MAX:
+            raise ValueError(f"a fast batch holds 1 to {BATCH_MAX} messages, not {len(messages)}")
+        inbox = self.nc.new_inbox()
+        prefix, _, batch_id = inbox.partition(".")
+        if not batch_id or "." in batch_id:
+            raise BatchRefused(BATCH_UNKNOWN, f"inbox {inbox!r} is not two tokens: the server could not read it")
+        if self._listening != prefix:
+            await self.nc.subscribe(f"{prefix}.*.*.*.*.*.$FI", cb=self._on_reply)
+            self._listening = prefix
+        batch = _OpenBatch(len(messages), asyncio.get_running_loop().create_future())
+        self._open[batch_id] = batch
+        try:
+            for seq, (subject, payload, headers) in enumerate(messages, start=1):
+                op = _COMMIT if seq == batch.sent else _START if seq == 1 else _APPEND
+                await self.nc.publish(subject, payload, reply=f"{inbox}.{BATCH_FLOW}.fail.{seq}.{op}.$FI",
+                                      headers=headers)
+            try:
+                await asyncio.wait_for(asyncio.shield(batch.done), timeout)
+            except TimeoutError:
+                raise nats.errors.TimeoutError from None
+        finally:
+            del self._open[batch_id]
+            if batch.done.done() and not batch.done.cancelled():
+                batch.done.exception()  # retrieved: a refusal that came while publishing is raised above or dropped
+
+    async def _on_reply(self, msg: Msg) -> None:
+        tokens = msg.subject.split(".")
+        batch = self._open.get(tokens[1]) if len(tokens) == 7 else None
+        if batch is None or batch.done.done():
+            return
+        try:
+            seq, reply = int(tokens[4]), json.loads(msg.data or b"{}")
+            refused = batch_refusal(reply, seq, batch.sent) if isinstance(reply, dict) else BatchRefused(0, "no object")
+        except ValueError as exc:
+            refused = BatchRefused(0, f"unreadable answer: {exc}")
+        if refused is not None:
+            batch.done.set_exception(refused)
+        elif seq == batch.sent and "type" not in reply:
+            batch.done.set_result(None)
 
 
 Handler = Callable[[Msg], Awaitable[None]]
