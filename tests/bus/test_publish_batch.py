@@ -48,14 +48,16 @@ async def test_a_batch_costs_two_answers_and_drops_ids_stored_before(nats_url: s
     js = nc.jetstream()
     await ensure_streams(js)
     batches = FastBatches(nc)
-    await batches.publish([event("j0")])  # the subscription to the batches' answers is made once
+    # the subscription to the batches' answers is made once, even by two batches sent at once
+    await asyncio.gather(batches.publish([event("j0")]), batches.publish([event("i0"), event("i1"), event("i2")]))
     sent, received = nc.stats["out_msgs"], nc.stats["in_msgs"]
     await batches.publish([event(f"j{i}") for i in range(1, 6)])
     assert nc.stats["out_msgs"] - sent == 5 and nc.stats["in_msgs"] - received == 2  # two answers for five
-    assert [e.job_id for e in await stored_events(js)] == [f"j{i}" for i in range(6)]
+    stored = ["j0", "i0", "i1", "i2", *(f"j{i}" for i in range(1, 6))]
+    assert [e.job_id for e in await stored_events(js)] == stored
 
     await batches.publish([event("k0"), event("j2"), event("k1")])  # j2 is stored: dropped, the others stored
-    assert [e.job_id for e in await stored_events(js)] == [*(f"j{i}" for i in range(6)), "k0", "k1"]
+    assert [e.job_id for e in await stored_events(js)] == [*stored, "k0", "k1"]
     with pytest.raises(ValueError):
         await batches.publish([])
     assert not batches._open

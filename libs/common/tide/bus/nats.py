@@ -234,9 +234,13 @@ class FastBatches:
         prefix, _, batch_id = inbox.partition(".")
         if not batch_id or "." in batch_id:
             raise BatchRefused(BATCH_UNKNOWN, f"inbox {inbox!r} is not two tokens: the server could not read it")
-        if self._listening != prefix:
-            await self.nc.subscribe(f"{prefix}.*.*.*.*.*.$FI", cb=self._on_reply)
+        if self._listening != prefix:  # marked first: a batch sent meanwhile must not subscribe (and hear) twice
             self._listening = prefix
+            try:
+                await self.nc.subscribe(f"{prefix}.*.*.*.*.*.$FI", cb=self._on_reply)
+            except BaseException:
+                self._listening = None
+                raise
         batch = _OpenBatch(len(messages), asyncio.get_running_loop().create_future())
         self._open[batch_id] = batch
         try:
@@ -251,7 +255,7 @@ class FastBatches:
         finally:
             del self._open[batch_id]
             if batch.done.done() and not batch.done.cancelled():
-                batch.done.exception()  # retrieved: a refusal that came while publishing is raised above or dropped
+                batch.done.exception()  # a refusal is raised above, or dropped when publishing failed first
 
     async def _on_reply(self, msg: Msg) -> None:
         tokens = msg.subject.split(".")
