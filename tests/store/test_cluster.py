@@ -22,6 +22,7 @@ from tide.store import keys
 from tide.store.claims import ClaimItem, ClaimStore, FencedOut, PodClaim, RecordWrite
 from tide.store.jobs import JobStore
 from tide.store.lease import LeaderLease
+from tide.store.usage import UsageReader
 
 from tests.helpers import job, small_node
 
@@ -81,7 +82,8 @@ def claim(job_id: str, pod: str, *items: tuple[str, str, int]) -> PodClaim:
 
 
 async def scenario(r: Any) -> list[Any]:
-    """Every script (claim, commit, extend, release, expire, cas, create_job, lease renew/release) with its outcomes."""
+    """Every script (claim, commit, extend, release, expire, cas, create_job, lease renew/release, read_usage) with its
+    outcomes."""
     out: list[Any] = []
     store = ClaimStore(r)
     for node_id in ("n1", "n2"):
@@ -169,6 +171,11 @@ async def scenario(r: Any) -> list[Any]:
     out.append(await lease.release())
     await other.step()
     out.append(other.leading())
+    # read_usage.lua: the metrics poll's read (used hashes, claims' allocations, a released claim, the weights)
+    await r.hset(keys.WEIGHTS, "fam", "{}")
+    usage = await UsageReader(r).read(["n1", "n2", "n9"], [*sorted(await r.smembers(keys.CLAIMS_INDEX)),
+                                                          keys.claim("gone", "gone-0")])
+    out.append((usage.used, usage.allocs, usage.weights))
     return out
 
 

@@ -41,6 +41,7 @@ from tide.schemas.node import NodeDescription
 from tide.settings import Settings
 from tide.store import keys
 from tide.store.redis import redis_for
+from tide.store.usage import UsageReader
 
 from tide_metrics import dcgm, state
 from tide_metrics.dead_letters import DeadLetterCounter
@@ -79,6 +80,8 @@ class Inventory:
     read_at: float  # monotonic
     nodes: dict[str, NodeDescription]
     capacity: dict[str, dict[str, str]]  # node id -> its capacity hash
+    pools: dict[str, str] = field(default_factory=dict)  # node id -> its pool
+    models: dict[tuple[str, int], str] = field(default_factory=dict)  # (node id, GPU index) -> GPU model
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,10 @@ class MetricsService:
         # the jobs whose spec the events of one turn (a digest's) ask for and the cache lacks: one read for all
         self._infos: Batcher[str, JobInfo | None] = Batcher(self._job_infos_in_order)
         self.inventory: Inventory | None = None  # the nodes as last read
+        # node id -> (the inventory, the used hash, the free GPUs computed from them): a node whose used hash did
+        # not change since the last poll (most of a big cluster's, each poll) is not computed again
+        self._free: dict[str, tuple[Inventory, dict[str, str], list[state.FreeGpu]]] = {}
+        self._usage: tuple[Redis, UsageReader] | None = None
         self.weights_changed = False  # the feedback loop changed a family's weights since they were read
         self.usage: dict[str, JobUsage] = {}
         self.timelines: dict[str, Timeline] = {}
@@ -379,7 +386,9 @@ class MetricsService:
             raw, cap = out[2 * i: 2 * i + 2]
             if raw:
                 nodes[n], capacity[n] = NodeDescription.model_validate_json(raw), cap
-        self.inventory = Inventory(version, time.monotonic(), nodes, capacity)
+        self.inventory = Inventory(version, time.monotonic(), nodes, capacity,
+                                   pools={n: state.pool_of(d) for n, d in nodes.items()},
+                                   models={(n, g.index): g.model for n, d in nodes.items() for g in d.gpus})
         return self.inventory
 
     def _remember(self, job_id: str, spec: JobSpec) -> JobInfo:
@@ -404,17 +413,12 @@ class MetricsService:
         nodes = inventory.nodes
         claim_keys = sorted(await r.smembers(keys.CLAIMS_INDEX))
         pending_ids = await r.zrange(keys.PENDING, 0, -1)
-        async with r.pipeline(transaction=False) as pipe:
-            for n in nodes:
-                pipe.hgetall(keys.used(n))
-            for k in claim_keys:
-                pipe.hget(k, "alloc")
-            pipe.hgetall(keys.WEIGHTS)
-            out = await pipe.execute()
-        free = {n: state.free_gpus(node, inventory.capacity[n], used)
-                for (n, node), used in zip(nodes.items(), out[:len(nodes)], strict=True)}
-        claims = [(k, json.loads(a)) for k, a in zip(claim_keys, out[len(nodes):-1], strict=True) if a]
-        weights = {f: FamilyWeights.model_validate_json(w) for f, w in out[-1].items()}
+        if self._usage is None or self._usage[0] is not r:  # the script registered once per client
+            self._usage = (r, UsageReader(r))
+        usage = await self._usage[1].read(list(nodes), claim_keys)
+        free = self._free_gpus(inventory, usage.used)
+        claims = [(k, json.loads(a)) for k, a in zip(claim_keys, usage.allocs, strict=True) if a]
+        weights = {f: FamilyWeights.model_validate_json(w) for f, w in usage.weights.items()}
         claim_jobs = [keys.parse_claim(key)[0] for key, _ in claims]
         infos = await self.job_infos([*pending_ids, *claim_jobs])
         specs = [infos[job_id].spec for job_id in pending_ids if job_id in infos]
@@ -433,12 +437,12 @@ class MetricsService:
             held.append((state.pool_of(node), info.spec.spec.template.node_selector.get("pool"), units))
         for (q, _pc) in self.known_queues:
             queue_used.setdefault(q, 0.0)
-        pools = {n: state.pool_of(d) for n, d in nodes.items()}
+        pools = inventory.pools
         per_node = state.allocation_by_node(nodes, [a for _, a in claims])
         demand = [d for s in specs if (d := state.demand_of(s)) is not None]
         self.snapshot = Snapshot(
             pools=pools,
-            models={(n, g.index): g.model for n, d in nodes.items() for g in d.gpus},
+            models=inventory.models,
             node_alloc=per_node,
             pool_alloc=state.rollup(per_node, pools),
             cluster_alloc=state.rollup(per_node, dict.fromkeys(per_node, "")).get("", state.Allocated()),
@@ -450,6 +454,19 @@ class MetricsService:
             weights=weights,
             holders=state.gpu_holders(holders),
         )
+
+    def _free_gpus(self, inventory: Inventory, used: list[dict[str, str]]) -> dict[str, list[state.FreeGpu]]:
+        """Each node's free GPUs (``used``: the nodes' used hashes, in the inventory's order), computed again only
+        for a node whose used hash or inventory changed since the last poll."""
+        memo: dict[str, tuple[Inventory, dict[str, str], list[state.FreeGpu]]] = {}
+        for (node_id, node), hash_ in zip(inventory.nodes.items(), used, strict=True):
+            known = self._free.get(node_id)
+            if known is not None and known[0] is inventory and known[1] == hash_:
+                memo[node_id] = known
+            else:
+                memo[node_id] = (inventory, hash_, state.free_gpus(node, inventory.capacity[node_id], hash_))
+        self._free = memo
+        return {node_id: free for node_id, (_, _, free) in memo.items()}
 
     # ------------------------------------------------------------ events
     def _know_queue(self, queue: str, pc: str) -> None:

@@ -113,17 +113,30 @@ def demand_of(spec: JobSpec) -> Demand | None:
     return None
 
 
-def free_gpus(node: NodeDescription, cap: Mapping[str, int], used: Mapping[str, int]) -> list[FreeGpu]:
-    """Per-GPU free capacity from the ``tide:cap:<node>`` / ``tide:used:<node>`` hashes."""
+def free_gpus(node: NodeDescription, cap: Mapping[str, int | str], used: Mapping[str, int | str]) -> list[FreeGpu]:
+    """Per-GPU free capacity from the ``tide:cap:<node>`` / ``tide:used:<node>`` hashes. The used hash is read in
+    one pass: it keeps every field a claim ever touched (about 80 on an 8-GPU MIG-capable node: ``g<i>.milli``,
+    ``g<i>.mem``, ``g<i>.slot<k>``), so searching it whole for each GPU's slots cost its square."""
+    uses = gpu_fields(used)
     out = []
     for g in node.gpus:
-        milli_cap = int(cap.get(f"g{g.index}.milli", MILLI))
-        mem_cap = int(cap.get(f"g{g.index}.mem", g.memory_mib))
-        milli_used = int(used.get(f"g{g.index}.milli", 0))
-        mem_used = int(used.get(f"g{g.index}.mem", 0))
-        slots_used = any(int(v) for k, v in used.items() if k.startswith(f"g{g.index}.slot"))
-        out.append(FreeGpu(node.node_id, g.index, g.model, max(0, milli_cap - milli_used),
-                           max(0, mem_cap - mem_used), milli_used == 0 and mem_used == 0 and not slots_used))
+        u = uses.get(g.index, {})
+        milli_used, mem_used = u.get("milli", 0), u.get("mem", 0)
+        slots_used = any(v for field, v in u.items() if field.startswith("slot"))
+        milli_cap, mem_cap = int(cap.get(f"g{g.index}.milli", MILLI)), int(cap.get(f"g{g.index}.mem", g.memory_mib))
+        out.append(FreeGpu(node.node_id, g.index, g.model, max(0, milli_cap - milli_used), max(0, mem_cap - mem_used),
+                           milli_used == 0 and mem_used == 0 and not slots_used))
+    return out
+
+
+def gpu_fields(fields: Mapping[str, int | str]) -> dict[int, dict[str, int]]:
+    """A capacity or used hash's GPU fields by GPU: ``{"g3.mem": "10"}`` -> ``{3: {"mem": 10}}`` (``cpu``, ``mem``
+    and anything else that names no GPU left out)."""
+    out: dict[int, dict[str, int]] = {}
+    for key, value in fields.items():
+        gpu, dot, field = key.partition(".")
+        if dot and gpu[:1] == "g" and gpu[1:].isdigit():
+            out.setdefault(int(gpu[1:]), {})[field] = int(value)
     return out
 
 
