@@ -121,7 +121,7 @@ async def test_ensure_streams_turns_fast_batches_on_for_an_existing_stream(nats_
 def test_what_the_answers_to_a_batch_say() -> None:
     """A flow acknowledgement: nothing against the batch. The commit's ack: all counted, or not. A refusal (the
     server's code), a lost message (a gap). An ack naming no batch, from a server older than 2.14 that took each
-    message as a plain publish (compose.yaml's nats:2.10): unknown, so the publisher sends them again one by one,
+    message as a plain publish: unknown, so the publisher sends them again one by one,
     de-duplicated by id, and stops batching."""
     assert batch_refusal({"type": "ack", "seq": 0, "msgs": 500}, 1, 3) is None
     assert batch_refusal({"stream": "EVENTS", "seq": 9, "batch": "b", "count": 3}, 3, 3) is None
