@@ -12,8 +12,8 @@ Prints JSON and a one-line summary.
 Per rate it reports, over the window from the first submission until every job has finished: NATS messages per
 job from the server's own counters (``/varz`` in_msgs + out_msgs deltas, submissions included; the benchmark's
 observer connection, which follows the jobs' placed/running/succeeded events, is read from ``/connz`` and left
-out), and CPU seconds
-per job of every stack process (utime + stime deltas of ``/proc/<pid>/stat``), each both raw and net of what the
+out), split by client and, for the messages the server sent, by subscription (``/connz?subs=detail``), and CPU
+seconds per job of every stack process (utime + stime deltas of ``/proc/<pid>/stat``), each both raw and net of what the
 idle stack (heartbeats, ticks, polls; measured for 5 s before the first rate) costs over the same time.
 
     .venv/bin/python bench/e2e_latency.py --json [--nodes 1000] [--rates 100,400,600] [--seconds 10]
@@ -162,6 +162,28 @@ def messages_by_client(info: StackInfo) -> Counter[str]:
     return by
 
 
+def deliveries_by_subscription(info: StackInfo) -> Counter[tuple[str, str]]:
+    """Messages the server delivered so far to each (client, subscription) (``/connz?subs=detail``), a node's own
+    subjects and every inbox folded into one name each: where the stack's out-messages go."""
+    base = f"http://127.0.0.1:{info.monitor_ports['nats']}"
+    with urllib.request.urlopen(f"{base}/connz?limit=100000&subs=detail", timeout=5) as r:
+        conns = json.load(r).get("connections", [])
+    by: Counter[tuple[str, str]] = Counter()
+    for conn in conns:
+        name = conn.get("name") or ""
+        client = name if name.startswith(("tide-", "bench-")) else "agents"
+        for sub in conn.get("subscriptions_list_detail") or []:
+            tokens = sub["subject"].split(".")
+            if tokens[0].startswith("_INBOX"):
+                subject = "<inbox>"
+            elif tokens[:2] == ["tide", "node"] and len(tokens) == 4:
+                subject = f"tide.node.<id>.{tokens[3]}"
+            else:
+                subject = sub["subject"]
+            by[(client, subject)] += int(sub.get("msgs", 0))
+    return by
+
+
 def placer_cycles(info: StackInfo) -> tuple[float, float]:
     """(cycles, seconds spent in them) of every placer, from its own /metrics (``tide_placer_cycle_duration``)."""
     count = total = 0.0
@@ -210,6 +232,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
     await nc.flush()
     msgs0 = nats_stats(info, OBSERVER)
     clients0 = messages_by_client(info)
+    deliveries0 = deliveries_by_subscription(info)
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     calls0 = {name: syscalls(pid) for name, pid in pids.items()}
     cycles0 = placer_cycles(info)
@@ -237,6 +260,7 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
     own_cpu, wall = time.process_time() - own0, time.monotonic() - wall0
     msgs1 = nats_stats(info, OBSERVER)
     clients = messages_by_client(info) - clients0
+    deliveries = deliveries_by_subscription(info) - deliveries0
     cycles, cycle_s = (b - a for a, b in zip(cycles0, placer_cycles(info), strict=True))
     await nc.close()
     await load.close()
@@ -275,6 +299,10 @@ async def run_rate(info: StackInfo, pids: dict[str, int], rate: int, seconds: fl
         "nats_in_out_per_job": [round(in_msgs / done, 1), round(out_msgs / done, 1)],
         "observer_msgs_per_job": round(observer / done, 1),
         "nats_msgs_per_job_by_client": {name: round(n / done, 2) for name, n in sorted(clients.items())},
+        # the out-messages of the above by subscription (client -> subject -> deliveries per job), idle included
+        "nats_deliveries_per_job_by_subscription": {
+            client: {subject: round(n / done, 3) for (c, subject), n in sorted(deliveries.items()) if c == client}
+            for client in sorted({c for c, _ in deliveries})},
         "placer_cpu_ms_per_decision": round(cpu["placer"] * 1000 / max(len(placed), 1), 2),
         # scheduling cycles (every placer's, the idle ticks included) per job, and their mean wall time
         "placer_cycles_per_job": round(cycles / done, 2),
