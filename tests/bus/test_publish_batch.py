@@ -7,9 +7,18 @@ import asyncio
 
 import nats
 import pytest
+from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 from tide import subjects
-from tide.bus.nats import BATCH_DISABLED, BATCH_UNKNOWN, FastBatches, batch_refusal, ensure_streams
+from tide.bus.nats import (
+    BATCH_DISABLED,
+    BATCH_UNKNOWN,
+    BatchRefused,
+    FastBatches,
+    _OpenBatch,
+    batch_refusal,
+    ensure_streams,
+)
 from tide.events import BATCH_MIN, EventPublisher
 from tide.schemas.events import JobEvent, JobRecord
 from tide.schemas.job import JobSpec
@@ -136,3 +145,62 @@ def test_what_the_answers_to_a_batch_say() -> None:
     assert old_server is not None and old_server.err_code == BATCH_UNKNOWN
     short = batch_refusal({"stream": "EVENTS", "seq": 9, "batch": "b", "count": 2}, 3, 3)
     assert short is not None and short.err_code == 0
+
+
+async def test_a_batch_sent_while_no_stream_answers_keeps_batching_on(nats_url: str) -> None:  # noqa: F811
+    """No stream for the subjects yet (a clustered stream electing its leader answers so too): the server answers
+    each message with a 503 status. That says nothing about fast batches: the events are stored one by one once
+    the stream is there, and the publisher still batches."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    events = EventPublisher(js, nc, window_s=60.0)
+    records = [make_record(f"early-{i}") for i in range(BATCH_MIN + 1)]
+
+    async def stream_later() -> None:
+        await asyncio.sleep(0.5)
+        await ensure_streams(js)
+
+    await asyncio.gather(stream_later(), *[events.publish(r, "queued") for r in records])
+    assert events._batching
+    assert sorted(e.job_id for e in await stored_events(js)) == sorted(r.job_id for r in records)
+    received = nc.stats["in_msgs"]
+    await asyncio.gather(*[events.publish(r, "placed") for r in records])
+    assert nc.stats["in_msgs"] - received == 2  # batched again: two answers
+    await events.flush()
+    await nc.close()
+
+
+async def test_an_inbox_prefix_with_dots_still_batches(nats_url: str) -> None:  # noqa: F811
+    nc = await nats.connect(nats_url, inbox_prefix="_INBOX.tide.svc")
+    await ensure_streams(nc.jetstream())
+    batches = FastBatches(nc)
+    await batches.publish([event(f"d{i}") for i in range(3)])
+    received = nc.stats["in_msgs"]
+    await batches.publish([event(f"e{i}") for i in range(3)])
+    assert nc.stats["in_msgs"] - received == 2
+    await nc.close()
+
+
+async def test_an_answer_that_is_no_ack_refuses_the_batch_at_once() -> None:
+    """Whatever comes back on a batch's subject ends its wait at once: a status (503) as a transient error, an
+    unreadable body as a refusal (sent again one by one), a later answer to a finished batch ignored."""
+    batches = FastBatches(nc=None)  # type: ignore[arg-type] - answers only: no connection needed
+    loop = asyncio.get_running_loop()
+
+    def answer(batch_id: str, seq: int, data: bytes, headers: dict[str, str] | None = None) -> Msg:
+        return Msg(_client=None, subject=f"_INBOX_q.{batch_id}.500.fail.{seq}.1.$FI", data=data,  # type: ignore[arg-type]
+                   headers=headers)
+
+    cases = {"status": (b"", {"Status": "503"}), "text": (b'{"error": "text"}', None), "junk": (b"{no json", None),
+             "list": (b"[1]", None)}
+    for batch_id, (data, headers) in cases.items():
+        batches._open[batch_id] = _OpenBatch(3, loop.create_future())
+        await batches._on_reply(answer(batch_id, 1, data, headers))
+        done = batches._open[batch_id].done
+        assert done.done()
+        expected = nats.errors.NoRespondersError if batch_id == "status" else BatchRefused
+        assert isinstance(done.exception(), expected), (batch_id, done.exception())
+        if isinstance(done.exception(), BatchRefused):
+            assert done.exception().err_code == 0  # type: ignore[union-attr] - not BATCH_UNKNOWN: batching stays on
+    await batches._on_reply(answer("text", 3, b'{"stream": "EVENTS", "seq": 1, "batch": "text", "count": 3}'))
+    assert isinstance(batches._open["text"].done.exception(), BatchRefused)  # the first answer stands

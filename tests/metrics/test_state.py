@@ -37,6 +37,16 @@ def test_allocation_by_kind_per_node_pool_and_cluster() -> None:
     assert cluster.gpus == 10 and abs(cluster.ratio("all") - (1.5 + 3 / 7) / 10) < 1e-9
 
 
+def test_free_gpus_reads_only_the_fields_claims_write_for_the_nodes_gpus() -> None:
+    node = small_node("a", gpus=2)
+    cap = {"g0.milli": 1000, "g0.mem": 81920, "g1.milli": 1000, "g1.mem": 81920}
+    noise = {"cpu": 4000, "mem": 2048, "g0.note": "x", "g01.milli": 1000, "g7.milli": 1000, "x.milli": 5}
+    assert all(g.whole_free and g.milli_free == 1000 for g in state.free_gpus(node, cap, noise))
+    g0, g1 = state.free_gpus(node, cap, {**noise, "g0.milli": 250, "g0.mem": 1024, "g1.slot3": 1, "g1.slot4": 0})
+    assert (g0.milli_free, g0.mem_free_mib, g0.whole_free) == (750, 81920 - 1024, False)
+    assert (g1.milli_free, g1.mem_free_mib, g1.whole_free) == (1000, 81920, False)  # a MIG slot taken
+
+
 def test_fragmentation_is_free_capacity_no_pending_pod_can_use() -> None:
     node = small_node("a", gpus=2)
     cap = {"g0.milli": 1000, "g0.mem": 81920, "g1.milli": 1000, "g1.mem": 81920}

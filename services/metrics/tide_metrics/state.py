@@ -117,7 +117,7 @@ def free_gpus(node: NodeDescription, cap: Mapping[str, int | str], used: Mapping
     """Per-GPU free capacity from the ``tide:cap:<node>`` / ``tide:used:<node>`` hashes. The used hash is read in
     one pass: it keeps every field a claim ever touched (about 80 on an 8-GPU MIG-capable node: ``g<i>.milli``,
     ``g<i>.mem``, ``g<i>.slot<k>``), so searching it whole for each GPU's slots cost its square."""
-    uses = gpu_fields(used)
+    uses = gpu_fields(used, {f"g{g.index}": g.index for g in node.gpus})
     out = []
     for g in node.gpus:
         u = uses.get(g.index, {})
@@ -129,14 +129,16 @@ def free_gpus(node: NodeDescription, cap: Mapping[str, int | str], used: Mapping
     return out
 
 
-def gpu_fields(fields: Mapping[str, int | str]) -> dict[int, dict[str, int]]:
-    """A capacity or used hash's GPU fields by GPU: ``{"g3.mem": "10"}`` -> ``{3: {"mem": 10}}`` (``cpu``, ``mem``
-    and anything else that names no GPU left out)."""
+def gpu_fields(fields: Mapping[str, int | str], index_of: Mapping[str, int]) -> dict[int, dict[str, int]]:
+    """The GPU fields of a used (or capacity) hash by GPU index: ``{"g3.mem": "10"}`` -> ``{3: {"mem": 10}}``, for
+    the GPUs ``index_of`` names (``"g3"`` -> 3) and the fields a claim writes (``milli``, ``mem``, ``slot<k>``);
+    ``cpu``, ``mem`` and anything else left out."""
     out: dict[int, dict[str, int]] = {}
     for key, value in fields.items():
         gpu, dot, field = key.partition(".")
-        if dot and gpu[:1] == "g" and gpu[1:].isdigit():
-            out.setdefault(int(gpu[1:]), {})[field] = int(value)
+        index = index_of.get(gpu) if dot else None
+        if index is not None and (field in ("milli", "mem") or field.startswith("slot")):
+            out.setdefault(index, {})[field] = int(value)
     return out
 
 

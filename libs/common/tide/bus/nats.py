@@ -214,8 +214,8 @@ class FastBatches:
     A batch is not atomic: a refusal (``BatchRefused``) or a timeout leaves some of it stored. Each message's
     ``Nats-Msg-Id`` is honoured, so the caller sends them again one by one and the server drops those it has.
 
-    The batch's id is a fresh inbox of the connection (``<prefix>.<id>``: the server reads the reply subject
-    ``<prefix>.<id>.<flow>.<gap>.<seq>.<op>.$FI`` by position), and one subscription under the connection's own
+    The batch's id is the last token of a fresh inbox of the connection (the server reads the reply subject
+    ``<prefix>.<id>.<flow>.<gap>.<seq>.<op>.$FI`` from its end), and one subscription under the connection's own
     inbox prefix takes every batch's answers, so a client allowed only its inbox needs nothing more."""
 
     def __init__(self, nc: NATS) -> None:
@@ -231,14 +231,12 @@ class FastBatches:
         if not 0 < len(messages) <= BATCH_MAX:
             raise ValueError(f"a fast batch holds 1 to {BATCH_MAX} messages, not {len(messages)}")
         inbox = self.nc.new_inbox()
-        prefix, _, batch_id = inbox.partition(".")
-        if not batch_id or "." in batch_id:
-            raise BatchRefused(BATCH_UNKNOWN, f"inbox {inbox!r} is not two tokens: the server could not read it")
+        prefix, _, batch_id = inbox.rpartition(".")
         if self._listening != prefix:  # marked first: a batch sent meanwhile must not subscribe (and hear) twice
             self._listening = prefix
             try:
                 await self.nc.subscribe(f"{prefix}.*.*.*.*.*.$FI", cb=self._on_reply)
-            except BaseException:
+            except Exception:  # not made (a cancellation, at shutdown, may come after it was: left marked)
                 self._listening = None
                 raise
         batch = _OpenBatch(len(messages), asyncio.get_running_loop().create_future())
@@ -258,15 +256,24 @@ class FastBatches:
                 batch.done.exception()  # a refusal is raised above, or dropped when publishing failed first
 
     async def _on_reply(self, msg: Msg) -> None:
+        """An answer on ``<prefix>.<batch id>.<flow>.<gap>.<seq>.<op>.$FI`` (read from the end: the prefix may hold
+        dots). A status without a body (503: no stream answered, as while a clustered stream elects its leader)
+        says nothing about the stream's batches: a plain transient error, so batching stays on."""
         tokens = msg.subject.split(".")
-        batch = self._open.get(tokens[1]) if len(tokens) == 7 else None
+        batch = self._open.get(tokens[-6]) if len(tokens) >= 7 else None
         if batch is None or batch.done.done():
             return
+        status = (msg.headers or {}).get("Status")
+        if status:
+            batch.done.set_exception(nats.errors.NoRespondersError() if status == "503"
+                                     else nats.errors.Error(f"status {status} in answer to a fast batch"))
+            return
+        seq, reply = 0, None
         try:
-            seq, reply = int(tokens[4]), json.loads(msg.data or b"{}")
-            refused = batch_refusal(reply, seq, batch.sent) if isinstance(reply, dict) else BatchRefused(0, "no object")
-        except ValueError as exc:
-            refused = BatchRefused(0, f"unreadable answer: {exc}")
+            seq, reply = int(tokens[-3]), json.loads(msg.data or b"")
+            refused = batch_refusal(reply, seq, batch.sent)
+        except Exception as exc:  # noqa: BLE001 - whatever came (no JSON, no object, an error that is a string)
+            refused = BatchRefused(0, f"unreadable answer {msg.data[:200]!r}: {exc!r}")
         if refused is not None:
             batch.done.set_exception(refused)
         elif seq == batch.sent and "type" not in reply:
