@@ -783,7 +783,8 @@ class PlacerService:
         if updated is None:  # cancelled, or another placer got there first (not a stale view): nothing claimed
             self._own_resv.discard(resv)
             return None
-        self.view.note_claims({c.key: Allocation.from_dict(c.alloc) for c in claims})  # applied without a read
+        # applied without a read; each claim was built from its placement, whose allocation it holds
+        self.view.note_claims({c.key: p.alloc for c, p in zip(claims, placements, strict=True)})
         log.info("job_reserved", job_id=job_id, reservation=resv, nodes=sorted({p.alloc.node_id for p in placements}),
                  pods=[p.pod_index for p in placements], extras=grow)
         touched = tuple([c.key for c in claims] + sorted({keys.used(i.node_id) for c in claims for i in c.items}))
