@@ -87,3 +87,61 @@ async def test_no_more_than_a_batch_is_in_hand_while_the_handler_is_slow(nats_ur
     assert sorted(handled) == sorted(f"b{i}" for i in range(60)) and len(handled) == 60
     assert max(in_hand) <= 2 * 8, max(in_hand)
     await nc.close()
+
+
+async def _overlapping_handlers(url: str, durable: str, linger_s: float) -> tuple[list[str], bool]:
+    """Two messages published 50 ms apart to a consumer with ``linger_s``: whether the first one's handler was
+    still running when the second one's started (they were handled as one batch: different keys run at once)."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await ensure_streams(js)
+    handled: list[str] = []
+    second_started = asyncio.Event()
+    overlapped: list[bool] = []
+
+    async def handler(msg) -> None:
+        job_id = CancelJob.model_validate_json(msg.data).job_id
+        if job_id == "first":
+            try:
+                await asyncio.wait_for(second_started.wait(), timeout=0.4)
+                overlapped.append(True)
+            except TimeoutError:
+                overlapped.append(False)
+        else:
+            second_started.set()
+        handled.append(job_id)
+        await msg.ack()
+
+    def key(msg) -> str:
+        return CancelJob.model_validate_json(msg.data).job_id
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(consume(js, ConsumerDef("JOBS", durable, [subjects.JOB_CANCEL]), handler, stop,
+                                       order_key=key, linger_s=linger_s))
+    try:
+        await asyncio.sleep(0.2)
+        await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="first"))
+        await asyncio.sleep(0.05)
+        await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="second"))
+        for _ in range(100):
+            if len(handled) == 2:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await task
+    await nc.close()
+    return handled, overlapped == [True]
+
+
+async def test_a_linger_handles_messages_that_come_close_together_as_one_batch(nats_url: str) -> None:  # noqa: F811
+    """With a linger of 300 ms the second message, 50 ms after the first, is in the first one's batch: its handler
+    starts while the first one's runs."""
+    handled, one_batch = await _overlapping_handlers(nats_url, "linger", linger_s=0.3)
+    assert sorted(handled) == ["first", "second"] and one_batch
+
+
+async def test_without_a_linger_a_message_is_handled_as_soon_as_it_comes(nats_url: str) -> None:  # noqa: F811
+    """The same two messages without a linger: the first is handled alone, before the second came."""
+    handled, one_batch = await _overlapping_handlers(nats_url, "no-linger", linger_s=0.0)
+    assert handled == ["first", "second"] and not one_batch

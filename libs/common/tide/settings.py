@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     fence_grace_s: float = Field(default=5.0, description="self-fencing: SIGTERM, this long, then SIGKILL")
 
     # queue
+    queue_intake_linger_s: float = Field(
+        default=0.01, ge=0.0, le=0.1,
+        description="the queue handles a batch of submissions this long after its first one came, with those that "
+                    "came meanwhile: one Redis call and one event batch for all, and fewer wake-ups of every service "
+                    "per job (1,000 nodes, 400 jobs/s: 12 % less CPU per job; docs/benchmarks.md, issue 17 tenth "
+                    "round). A job's submit -> placed takes up to this much longer; 0: each batch at once")
     queue_kick_window_s: float = Field(
         default=0.005, description="the queue kicks the placer at once, then at most once per this window")
 

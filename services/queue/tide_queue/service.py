@@ -151,7 +151,8 @@ class QueueService:
             await self.apply_queue_config(config)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop, order_key=intake_order_key)
+        await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop, order_key=intake_order_key,
+                      linger_s=self.settings.queue_intake_linger_s)
 
     async def close(self) -> None:
         await self.kicker.close()

@@ -314,6 +314,7 @@ async def consume(
     stop: asyncio.Event,
     batch: int = 64,
     order_key: Callable[[Msg], str] | None = None,
+    linger_s: float = 0.0,
 ) -> None:
     """Pull from a durable, explicit-ack consumer until ``stop`` is set.
 
@@ -332,6 +333,10 @@ async def consume(
     share a key are handled in order and different keys concurrently (e.g. one job's
     pod events in order, many jobs at once); a key function that raises puts the
     message with the others whose key could not be read.
+
+    With ``linger_s``, a batch is handled that long after its first message came, with whatever came meanwhile:
+    messages that come close together are then handled together (one Redis call and one event batch for all,
+    and one wake-up of each service downstream instead of one per message), at the cost of that much latency.
     """
     config = ConsumerConfig(
         durable_name=cdef.durable,
@@ -367,6 +372,8 @@ async def consume(
                     first = await asyncio.wait_for(arrived.get(), timeout=min(0.5, max(0.01, expires_at - now)))
                 except TimeoutError:
                     continue
+                if linger_s > 0 and arrived.qsize() + 1 < owed:  # the request may bring more: wait for them
+                    await asyncio.sleep(linger_s)
             except Exception as exc:  # server away or consumer lost: back off and rebuild
                 log.warning("consume_error", consumer=cdef.durable, error=repr(exc))
                 await _unsubscribe(inbox_sub)
