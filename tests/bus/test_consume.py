@@ -89,7 +89,8 @@ async def test_no_more_than_a_batch_is_in_hand_while_the_handler_is_slow(nats_ur
     await nc.close()
 
 
-async def _overlapping_handlers(url: str, durable: str, linger_s: float) -> tuple[list[str], bool]:
+async def _overlapping_handlers(url: str, durable: str, linger_s: float,
+                                linger_gap_s: float = 0.0) -> tuple[list[str], bool]:
     """Two messages published 50 ms apart to a consumer with ``linger_s``: whether the first one's handler was
     still running when the second one's started (they were handled as one batch: different keys run at once)."""
     nc = await nats.connect(url)
@@ -117,7 +118,7 @@ async def _overlapping_handlers(url: str, durable: str, linger_s: float) -> tupl
 
     stop = asyncio.Event()
     task = asyncio.create_task(consume(js, ConsumerDef("JOBS", durable, [subjects.JOB_CANCEL]), handler, stop,
-                                       order_key=key, linger_s=linger_s))
+                                       order_key=key, linger_s=linger_s, linger_gap_s=linger_gap_s))
     try:
         await asyncio.sleep(0.2)
         await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="first"))
@@ -145,3 +146,34 @@ async def test_without_a_linger_a_message_is_handled_as_soon_as_it_comes(nats_ur
     """The same two messages without a linger: the first is handled alone, before the second came."""
     handled, one_batch = await _overlapping_handlers(nats_url, "no-linger", linger_s=0.0)
     assert handled == ["first", "second"] and not one_batch
+
+
+async def test_a_linger_with_a_gap_still_gathers_messages_that_keep_coming(nats_url: str) -> None:  # noqa: F811
+    """A gap of 200 ms: the second message, 50 ms after the first, still joins its batch."""
+    handled, one_batch = await _overlapping_handlers(nats_url, "gap", linger_s=0.5, linger_gap_s=0.2)
+    assert sorted(handled) == ["first", "second"] and one_batch
+
+
+async def test_a_lone_message_waits_only_the_gap(nats_url: str) -> None:  # noqa: F811
+    """A linger of 5 s with a gap of 50 ms: a message nothing follows is handled once the gap has passed, not
+    after the whole linger."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js)
+    handled = asyncio.Event()
+
+    async def handler(msg) -> None:
+        handled.set()
+        await msg.ack()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(consume(js, ConsumerDef("JOBS", "lone", [subjects.JOB_CANCEL]), handler, stop,
+                                       linger_s=5.0, linger_gap_s=0.05))
+    try:
+        await asyncio.sleep(0.2)
+        await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="lone"))
+        await asyncio.wait_for(handled.wait(), timeout=2.5)  # half the linger: ended by the gap
+    finally:
+        stop.set()
+        await task
+    await nc.close()

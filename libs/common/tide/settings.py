@@ -53,10 +53,13 @@ class Settings(BaseSettings):
     # queue
     queue_intake_linger_s: float = Field(
         default=0.01, ge=0.0, le=0.1,
-        description="the queue handles a batch of submissions this long after its first one came, with those that "
-                    "came meanwhile: one Redis call and one event batch for all, and fewer wake-ups of every service "
-                    "per job (1,000 nodes, 400 jobs/s: 12 % less CPU per job; docs/benchmarks.md, issue 17 tenth "
-                    "round). A job's submit -> placed takes up to this much longer; 0: each batch at once")
+        description="the queue handles a batch of submissions up to this long after its first one came, with those "
+                    "that came meanwhile: one Redis call and one event batch for all, and fewer wake-ups of every "
+                    "service per job (docs/benchmarks.md, issue 17 tenth round); 0: each batch at once")
+    queue_intake_linger_gap_s: float = Field(
+        default=0.003, ge=0.0, le=0.1,
+        description="... but no longer than until no submission came for this long: a lone submission waits only "
+                    "this, a stream of them the whole linger; 0: always the whole linger")
     queue_kick_window_s: float = Field(
         default=0.005, description="the queue kicks the placer at once, then at most once per this window")
 

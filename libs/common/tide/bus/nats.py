@@ -315,6 +315,7 @@ async def consume(
     batch: int = 64,
     order_key: Callable[[Msg], str] | None = None,
     linger_s: float = 0.0,
+    linger_gap_s: float = 0.0,
 ) -> None:
     """Pull from a durable, explicit-ack consumer until ``stop`` is set.
 
@@ -334,9 +335,11 @@ async def consume(
     pod events in order, many jobs at once); a key function that raises puts the
     message with the others whose key could not be read.
 
-    With ``linger_s``, a batch is handled that long after its first message came, with whatever came meanwhile:
-    messages that come close together are then handled together (one Redis call and one event batch for all,
-    and one wake-up of each service downstream instead of one per message), at the cost of that much latency.
+    With ``linger_s``, a batch is handled up to that long after its first message came, with whatever came
+    meanwhile: messages that come close together are then handled together (one Redis call and one event batch
+    for all, and one wake-up of each service downstream instead of one per message). With ``linger_gap_s`` the
+    wait ends as soon as no message came for that long: a lone message waits only the gap (Nagle's rule), a
+    stream of them the whole linger.
     """
     config = ConsumerConfig(
         durable_name=cdef.durable,
@@ -372,8 +375,8 @@ async def consume(
                     first = await asyncio.wait_for(arrived.get(), timeout=min(0.5, max(0.01, expires_at - now)))
                 except TimeoutError:
                     continue
-                if linger_s > 0 and arrived.qsize() + 1 < owed:  # the request may bring more: wait for them
-                    await asyncio.sleep(linger_s)
+                if linger_s > 0:
+                    await _linger(arrived, owed - 1, linger_s, linger_gap_s)
             except Exception as exc:  # server away or consumer lost: back off and rebuild
                 log.warning("consume_error", consumer=cdef.durable, error=repr(exc))
                 await _unsubscribe(inbox_sub)
@@ -405,6 +408,20 @@ async def consume(
                     await msg.nak()
                 except Exception:  # noqa: BLE001 - redelivered after the ack wait instead
                     pass
+
+
+async def _linger(arrived: asyncio.Queue[Msg], room: int, linger_s: float, gap_s: float) -> None:
+    """Wait up to ``linger_s`` for more messages to arrive, while ``room`` more may come; with ``gap_s``, stop
+    once none came for that long."""
+    deadline = time.monotonic() + linger_s
+    while arrived.qsize() < room:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        seen = arrived.qsize()
+        await asyncio.sleep(min(gap_s, left) if gap_s > 0 else left)
+        if gap_s > 0 and arrived.qsize() == seen:
+            return
 
 
 def _drain(arrived: asyncio.Queue[Msg]) -> list[Msg]:
