@@ -6,7 +6,7 @@ import asyncio
 
 import nats
 from tide import subjects
-from tide.bus.nats import consume, ensure_streams, publish
+from tide.bus.nats import ArrivalRate, consume, ensure_streams, publish
 from tide.schemas.events import CancelJob
 from tide.subjects import ConsumerDef
 
@@ -90,7 +90,7 @@ async def test_no_more_than_a_batch_is_in_hand_while_the_handler_is_slow(nats_ur
 
 
 async def _overlapping_handlers(url: str, durable: str, linger_s: float,
-                                linger_gap_s: float = 0.0) -> tuple[list[str], bool]:
+                                linger_above_per_s: float = 0.0) -> tuple[list[str], bool]:
     """Two messages published 50 ms apart to a consumer with ``linger_s``: whether the first one's handler was
     still running when the second one's started (they were handled as one batch: different keys run at once)."""
     nc = await nats.connect(url)
@@ -118,7 +118,8 @@ async def _overlapping_handlers(url: str, durable: str, linger_s: float,
 
     stop = asyncio.Event()
     task = asyncio.create_task(consume(js, ConsumerDef("JOBS", durable, [subjects.JOB_CANCEL]), handler, stop,
-                                       order_key=key, linger_s=linger_s, linger_gap_s=linger_gap_s))
+                                       order_key=key, linger_s=linger_s,
+                                       linger_above_per_s=linger_above_per_s))
     try:
         await asyncio.sleep(0.2)
         await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="first"))
@@ -148,15 +149,15 @@ async def test_without_a_linger_a_message_is_handled_as_soon_as_it_comes(nats_ur
     assert handled == ["first", "second"] and not one_batch
 
 
-async def test_a_linger_with_a_gap_still_gathers_messages_that_keep_coming(nats_url: str) -> None:  # noqa: F811
-    """A gap of 200 ms: the second message, 50 ms after the first, still joins its batch."""
-    handled, one_batch = await _overlapping_handlers(nats_url, "gap", linger_s=0.5, linger_gap_s=0.2)
+async def test_a_linger_above_a_rate_gathers_messages_that_come_that_fast(nats_url: str) -> None:  # noqa: F811
+    """Lingering above 4 messages/s: the first message alone is that rate over the 0.25 s window, so the second
+    one, 50 ms later, joins its batch."""
+    handled, one_batch = await _overlapping_handlers(nats_url, "fast", linger_s=0.3, linger_above_per_s=4.0)
     assert sorted(handled) == ["first", "second"] and one_batch
 
 
-async def test_a_lone_message_waits_only_the_gap(nats_url: str) -> None:  # noqa: F811
-    """A linger of 5 s with a gap of 50 ms: a message nothing follows is handled once the gap has passed, not
-    after the whole linger."""
+async def test_a_message_below_the_linger_rate_is_handled_at_once(nats_url: str) -> None:  # noqa: F811
+    """A linger of 5 s only above 1,000 messages/s: a lone message is handled at once, not after the linger."""
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await ensure_streams(js)
@@ -168,12 +169,21 @@ async def test_a_lone_message_waits_only_the_gap(nats_url: str) -> None:  # noqa
 
     stop = asyncio.Event()
     task = asyncio.create_task(consume(js, ConsumerDef("JOBS", "lone", [subjects.JOB_CANCEL]), handler, stop,
-                                       linger_s=5.0, linger_gap_s=0.05))
+                                       linger_s=5.0, linger_above_per_s=1000.0))
     try:
         await asyncio.sleep(0.2)
         await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="lone"))
-        await asyncio.wait_for(handled.wait(), timeout=2.5)  # half the linger: ended by the gap
+        await asyncio.wait_for(handled.wait(), timeout=2.5)  # half the linger: it did not linger
     finally:
         stop.set()
         await task
     await nc.close()
+
+
+def test_the_arrival_rate_counts_the_last_window_only() -> None:
+    rate = ArrivalRate(0.25)
+    for t in (10.0, 10.1, 10.2):
+        rate.note(t)
+    assert rate.per_s(10.2) == 12.0
+    assert rate.per_s(10.4) == 4.0  # 10.0 and 10.1 are more than 0.25 s back
+    assert rate.per_s(11.0) == 0.0

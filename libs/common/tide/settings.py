@@ -53,14 +53,14 @@ class Settings(BaseSettings):
     # queue
     queue_intake_linger_s: float = Field(
         default=0.01, ge=0.0, le=0.1,
-        description="the queue handles a batch of submissions up to this long after its first one came, with those "
-                    "that came meanwhile: one Redis call and one event batch for all, and fewer wake-ups of every "
-                    "service per job (1,000 nodes: about 10 % less CPU per job at 100 and 400 jobs/s, 10 ms more "
-                    "submit -> placed at low rates; docs/benchmarks.md, issue 17 tenth round); 0: each batch at once")
-    queue_intake_linger_gap_s: float = Field(
-        default=0.0, ge=0.0, le=0.1,
-        description="end the linger once no submission came for this long (Nagle's rule: a lone submission waits "
-                    "only this); 0: always the whole linger, which measured cheaper at 100 jobs/s")
+        description="while submissions come fast (queue_intake_linger_above_per_s), the queue handles a batch of "
+                    "them this long after its first one came, with those that came meanwhile: one Redis call and one "
+                    "event batch for all, and fewer wake-ups of every service per job (docs/benchmarks.md, issue 17 "
+                    "tenth round); 0: each batch at once")
+    queue_intake_linger_above_per_s: float = Field(
+        default=200.0, ge=0.0,
+        description="the intake lingers only while at least this many submissions a second came (over the last "
+                    "0.25 s): below it a linger would add its delay to each job and save little; 0: always")
     queue_kick_window_s: float = Field(
         default=0.005, description="the queue kicks the placer at once, then at most once per this window")
 

@@ -151,9 +151,9 @@ class QueueService:
             await self.apply_queue_config(config)
 
     async def run(self, stop: asyncio.Event) -> None:
-        settings = self.settings
+        linger_s, above = self.settings.queue_intake_linger_s, self.settings.queue_intake_linger_above_per_s
         await consume(self.js, subjects.QUEUE_INTAKE, self._on_intake, stop, order_key=intake_order_key,
-                      linger_s=settings.queue_intake_linger_s, linger_gap_s=settings.queue_intake_linger_gap_s)
+                      linger_s=linger_s, linger_above_per_s=above)
 
     async def close(self) -> None:
         await self.kicker.close()

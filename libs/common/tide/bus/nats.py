@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -307,6 +308,30 @@ PULL_EXPIRES_S = 1.0
 second per consumer, and a consumer that stops leaves a request behind for at most this long."""
 
 
+ARRIVAL_WINDOW_S = 0.25
+"""How far back ``consume`` looks to tell how fast messages come (``linger_above_per_s``)."""
+
+
+class ArrivalRate:
+    """Messages per second over the last ``window_s`` (a sliding window of arrival times)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._times: deque[float] = deque()
+
+    def note(self, now: float) -> None:
+        self._times.append(now)
+        self._forget(now)
+
+    def per_s(self, now: float | None = None) -> float:
+        self._forget(time.monotonic() if now is None else now)
+        return len(self._times) / self.window_s
+
+    def _forget(self, now: float) -> None:
+        while self._times and self._times[0] < now - self.window_s:
+            self._times.popleft()
+
+
 async def consume(
     js: JetStreamContext,
     cdef: ConsumerDef,
@@ -315,7 +340,7 @@ async def consume(
     batch: int = 64,
     order_key: Callable[[Msg], str] | None = None,
     linger_s: float = 0.0,
-    linger_gap_s: float = 0.0,
+    linger_above_per_s: float = 0.0,
 ) -> None:
     """Pull from a durable, explicit-ack consumer until ``stop`` is set.
 
@@ -335,11 +360,11 @@ async def consume(
     pod events in order, many jobs at once); a key function that raises puts the
     message with the others whose key could not be read.
 
-    With ``linger_s``, a batch is handled up to that long after its first message came, with whatever came
-    meanwhile: messages that come close together are then handled together (one Redis call and one event batch
-    for all, and one wake-up of each service downstream instead of one per message). With ``linger_gap_s`` the
-    wait ends as soon as no message came for that long: a lone message waits only the gap (Nagle's rule), a
-    stream of them the whole linger.
+    With ``linger_s``, a batch is handled that long after its first message came, with whatever came meanwhile:
+    messages that come close together are then handled together (one Redis call and one event batch for all,
+    and one wake-up of each service downstream instead of one per message). With ``linger_above_per_s`` it
+    lingers only while messages came at least that fast (over the last ``ARRIVAL_WINDOW_S``): a slow trickle,
+    which a linger would only delay, is handled at once.
     """
     config = ConsumerConfig(
         durable_name=cdef.durable,
@@ -354,8 +379,11 @@ async def consume(
     request = json.dumps({"batch": batch, "expires": int(PULL_EXPIRES_S * 1e9)}).encode()
     arrived: asyncio.Queue[Msg] = asyncio.Queue()
 
+    recent = ArrivalRate(ARRIVAL_WINDOW_S)
+
     async def on_delivery(msg: Msg) -> None:
         arrived.put_nowait(msg)
+        recent.note(time.monotonic())
 
     inbox_sub = None
     owed, expires_at = 0, 0.0  # messages the outstanding request may still bring, and when it lapses
@@ -375,8 +403,8 @@ async def consume(
                     first = await asyncio.wait_for(arrived.get(), timeout=min(0.5, max(0.01, expires_at - now)))
                 except TimeoutError:
                     continue
-                if linger_s > 0:
-                    await _linger(arrived, owed - 1, linger_s, linger_gap_s)
+                if linger_s > 0 and arrived.qsize() + 1 < owed and recent.per_s() >= linger_above_per_s:
+                    await asyncio.sleep(linger_s)  # the request may bring more, and they come fast: gather them
             except Exception as exc:  # server away or consumer lost: back off and rebuild
                 log.warning("consume_error", consumer=cdef.durable, error=repr(exc))
                 await _unsubscribe(inbox_sub)
@@ -408,20 +436,6 @@ async def consume(
                     await msg.nak()
                 except Exception:  # noqa: BLE001 - redelivered after the ack wait instead
                     pass
-
-
-async def _linger(arrived: asyncio.Queue[Msg], room: int, linger_s: float, gap_s: float) -> None:
-    """Wait up to ``linger_s`` for more messages to arrive, while ``room`` more may come; with ``gap_s``, stop
-    once none came for that long."""
-    deadline = time.monotonic() + linger_s
-    while arrived.qsize() < room:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        seen = arrived.qsize()
-        await asyncio.sleep(min(gap_s, left) if gap_s > 0 else left)
-        if gap_s > 0 and arrived.qsize() == seen:
-            return
 
 
 def _drain(arrived: asyncio.Queue[Msg]) -> list[Msg]:
