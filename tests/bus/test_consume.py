@@ -144,7 +144,8 @@ async def test_a_linger_handles_messages_that_come_close_together_as_one_batch(n
 
 
 async def test_without_a_linger_a_message_is_handled_as_soon_as_it_comes(nats_url: str) -> None:  # noqa: F811
-    """The same two messages without a linger: the first is handled alone, before the second came."""
+    """The same two messages without a linger: the first one's batch is only itself (the second, which comes while
+    it is handled, waits for the next batch)."""
     handled, one_batch = await _overlapping_handlers(nats_url, "no-linger", linger_s=0.0)
     assert handled == ["first", "second"] and not one_batch
 
