@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import nats
 from tide import subjects
@@ -11,6 +14,21 @@ from tide.schemas.events import CancelJob
 from tide.subjects import ConsumerDef
 
 from tests.node_agent.conftest import nats_url  # noqa: F401 - the bare NATS server fixture
+
+
+@asynccontextmanager
+async def consuming(js: Any, durable: str, handler: Callable[[Any], Awaitable[None]],
+                    **options: Any) -> AsyncIterator[None]:
+    """``consume`` on the cancel subject (a ``JOBS`` consumer named ``durable``) while the body runs; ``options``:
+    its keyword arguments (batch, order_key, linger)."""
+    stop = asyncio.Event()
+    cdef = ConsumerDef("JOBS", durable, [subjects.JOB_CANCEL])
+    task = asyncio.create_task(consume(js, cdef, handler, stop, **options))
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
 
 
 async def test_messages_that_trickle_in_share_one_pull_request(nats_url: str) -> None:  # noqa: F811
@@ -31,9 +49,7 @@ async def test_messages_that_trickle_in_share_one_pull_request(nats_url: str) ->
         handled.append(CancelJob.model_validate_json(msg.data).job_id)
         await msg.ack()
 
-    stop = asyncio.Event()
-    task = asyncio.create_task(consume(js, ConsumerDef("JOBS", "trickle", [subjects.JOB_CANCEL]), handler, stop))
-    try:
+    async with consuming(js, "trickle", handler):
         await asyncio.sleep(0.2)
         for i in range(20):
             await publish(js, subjects.JOB_CANCEL, CancelJob(job_id=f"j{i}"))
@@ -42,9 +58,6 @@ async def test_messages_that_trickle_in_share_one_pull_request(nats_url: str) ->
             if len(handled) == 20:
                 break
             await asyncio.sleep(0.02)
-    finally:
-        stop.set()
-        await task
     assert handled == [f"j{i}" for i in range(20)]
     assert 1 <= len(pulls) <= 4, f"{len(pulls)} pull requests for 20 messages"
     info = await js.consumer_info("JOBS", "trickle")
@@ -69,10 +82,7 @@ async def test_no_more_than_a_batch_is_in_hand_while_the_handler_is_slow(nats_ur
         handled.append(CancelJob.model_validate_json(msg.data).job_id)
         await msg.ack()
 
-    stop = asyncio.Event()
-    cdef = ConsumerDef("JOBS", "backlog", [subjects.JOB_CANCEL])
-    task = asyncio.create_task(consume(js, cdef, handler, stop, batch=8))
-    try:
+    async with consuming(js, "backlog", handler, batch=8):
         for _ in range(300):
             try:
                 in_hand.append((await js.consumer_info("JOBS", "backlog")).num_ack_pending)
@@ -81,9 +91,6 @@ async def test_no_more_than_a_batch_is_in_hand_while_the_handler_is_slow(nats_ur
             if len(handled) == 60:
                 break
             await asyncio.sleep(0.01)
-    finally:
-        stop.set()
-        await task
     assert sorted(handled) == sorted(f"b{i}" for i in range(60)) and len(handled) == 60
     assert max(in_hand) <= 2 * 8, max(in_hand)
     await nc.close()
@@ -116,11 +123,8 @@ async def _overlapping_handlers(url: str, durable: str, linger_s: float,
     def key(msg) -> str:
         return CancelJob.model_validate_json(msg.data).job_id
 
-    stop = asyncio.Event()
-    task = asyncio.create_task(consume(js, ConsumerDef("JOBS", durable, [subjects.JOB_CANCEL]), handler, stop,
-                                       order_key=key, linger_s=linger_s,
-                                       linger_above_per_s=linger_above_per_s))
-    try:
+    async with consuming(js, durable, handler, order_key=key, linger_s=linger_s,
+                         linger_above_per_s=linger_above_per_s):
         await asyncio.sleep(0.2)
         await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="first"))
         await asyncio.sleep(0.05)
@@ -129,9 +133,6 @@ async def _overlapping_handlers(url: str, durable: str, linger_s: float,
             if len(handled) == 2:
                 break
             await asyncio.sleep(0.02)
-    finally:
-        stop.set()
-        await task
     await nc.close()
     return handled, overlapped == [True]
 
@@ -168,16 +169,10 @@ async def test_a_message_below_the_linger_rate_is_handled_at_once(nats_url: str)
         handled.set()
         await msg.ack()
 
-    stop = asyncio.Event()
-    task = asyncio.create_task(consume(js, ConsumerDef("JOBS", "lone", [subjects.JOB_CANCEL]), handler, stop,
-                                       linger_s=5.0, linger_above_per_s=1000.0))
-    try:
+    async with consuming(js, "lone", handler, linger_s=5.0, linger_above_per_s=1000.0):
         await asyncio.sleep(0.2)
         await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="lone"))
         await asyncio.wait_for(handled.wait(), timeout=2.5)  # half the linger: it did not linger
-    finally:
-        stop.set()
-        await task
     await nc.close()
 
 
