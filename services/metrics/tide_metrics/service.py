@@ -80,8 +80,8 @@ class Inventory:
     read_at: float  # monotonic
     nodes: dict[str, NodeDescription]
     capacity: dict[str, dict[str, str]]  # node id -> its capacity hash
-    pools: dict[str, str] = field(default_factory=dict)  # node id -> its pool
-    models: dict[tuple[str, int], str] = field(default_factory=dict)  # (node id, GPU index) -> GPU model
+    pools: dict[str, str]  # node id -> its pool
+    models: dict[tuple[str, int], str]  # (node id, GPU index) -> GPU model
 
 
 @dataclass(frozen=True)
@@ -422,6 +422,7 @@ class MetricsService:
         claim_jobs = [keys.parse_claim(key)[0] for key, _ in claims]
         infos = await self.job_infos([*pending_ids, *claim_jobs])
         specs = [infos[job_id].spec for job_id in pending_ids if job_id in infos]
+        pools = inventory.pools
         queue_used: dict[str, float] = {}
         held: list[tuple[str, str | None, float]] = []
         holders: list[tuple[state.Holder, dict[str, Any]]] = []
@@ -434,10 +435,9 @@ class MetricsService:
             holders.append((state.Holder(job_id, keys.parse_claim(key)[1], q), alloc))
             units = state.gpu_units(alloc, {g.index: g.model for g in node.gpus})
             queue_used[q] = queue_used.get(q, 0.0) + units
-            held.append((state.pool_of(node), info.spec.spec.template.node_selector.get("pool"), units))
+            held.append((pools[alloc["node_id"]], info.spec.spec.template.node_selector.get("pool"), units))
         for (q, _pc) in self.known_queues:
             queue_used.setdefault(q, 0.0)
-        pools = inventory.pools
         per_node = state.allocation_by_node(nodes, [a for _, a in claims])
         demand = [d for s in specs if (d := state.demand_of(s)) is not None]
         self.snapshot = Snapshot(
