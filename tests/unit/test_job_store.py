@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from redis.asyncio import Redis
-from tide.schemas.events import JobRecord
+from tide.schemas.events import JobRecord, PodRecord, PodState
 from tide.schemas.job import JobSpec
 from tide.store import keys
 from tide.store.jobs import JobStore
@@ -69,3 +69,54 @@ async def test_change_from_a_known_record_never_trusts_it(redis_url: str) -> Non
         assert await store.pending() == []
     finally:
         await client.aclose()
+
+
+async def test_change_from_a_known_parsed_record_copies_it(redis_url: str, monkeypatch) -> None:
+    """With the parsed record beside its JSON, the first try changes a copy of it (no parse) and leaves the
+    caller's record as it was; a stale pair still decides nothing."""
+    client = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        store = JobStore(client)
+        spec = JobSpec.model_validate({"metadata": {"name": "c"}, "spec": {"template": {"command": ["x"]}}})
+        assert await store.create(JobRecord(job_id="c", spec=spec, submitted_at=0, updated_at=0,
+                                            pods=[PodRecord(name="c-0", index=0)]), 1.0)
+        raw = await client.get(keys.job("c"))
+        kept = JobRecord.model_validate_json(raw)
+        parses: list[str] = []
+        parse = JobRecord.model_validate_json
+        monkeypatch.setattr(JobRecord, "model_validate_json",
+                            lambda data, **kw: parses.append(data) or parse(data, **kw))
+
+        def place(r: JobRecord) -> bool:
+            r.attempts += 1
+            r.avoid_nodes.append("n9")
+            r.pods[0].state = PodState.STARTING
+            r.pods[0].gpus.append("GPU-1")
+            return True
+
+        result = await store.change("c", place, known=raw, known_record=kept)
+        assert result is not None and parses == []
+        record, new = result
+        assert new == await client.get(keys.job("c")) and JobRecord.model_validate_json(new) == record
+        assert (record.attempts, record.avoid_nodes, record.pods[0].gpus) == (1, ["n9"], ["GPU-1"])
+        # the caller's record is untouched: it still parses from the old JSON
+        assert kept == parse(raw) and kept.pods[0].state == PodState.PENDING and kept.pods[0].gpus == []
+        # that pair is stale now: the compare-and-set refuses it, and the change applies to a fresh read
+        again = await store.change("c", place, known=raw, known_record=kept)
+        assert again is not None and again[0].attempts == 2 and len(parses) >= 1
+    finally:
+        await client.aclose()
+
+
+def test_working_copy_equals_its_record_and_shares_nothing_a_change_edits() -> None:
+    spec = JobSpec.model_validate({"metadata": {"name": "w"}, "spec": {"template": {"command": ["x"]}}})
+    record = JobRecord(job_id="w", spec=spec, submitted_at=1.5, updated_at=2.5, avoid_nodes=["n1"],
+                       pods=[PodRecord(name="w-0", index=0, node="n2", gpus=["GPU-a"], state=PodState.RUNNING)])
+    copy = record.working_copy()
+    assert copy == record and copy.to_json() == record.to_json()
+    copy.pods[0].gpus.append("GPU-b")
+    copy.pods[0].state = PodState.SUCCEEDED
+    copy.pods.append(PodRecord(name="w-1", index=1))
+    copy.avoid_nodes.append("n3")
+    assert record.pods == [PodRecord(name="w-0", index=0, node="n2", gpus=["GPU-a"], state=PodState.RUNNING)]
+    assert record.avoid_nodes == ["n1"]

@@ -74,3 +74,28 @@ def test_every_event_carries_the_current_spans_trace_and_span_ids(
     for e in (inside, stdlib):
         assert e["trace_id"] == f"{ctx.trace_id:032x}" and e["span_id"] == f"{ctx.span_id:016x}", e
     assert nested["trace_id"] == f"{ctx.trace_id:032x}" and nested["span_id"] == f"{child_ctx.span_id:016x}"
+
+
+class _Writes:
+    """A stream that keeps each write call apart."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_each_line_is_one_write_with_its_newline(json_logging: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy service logs a few lines per job: each one costs one system call, not one for the text and another
+    for its newline."""
+    stream = _Writes()
+    monkeypatch.setattr("sys.stderr", stream)
+    structlog.get_logger().info("placed", job_id="j1")
+    logging.getLogger("redis").warning("retrying")
+    assert len(stream.calls) == 2 and all(call.endswith("}\n") for call in stream.calls)
+    assert [json.loads(call)["event"] for call in stream.calls] == ["placed", "retrying"]

@@ -17,13 +17,20 @@ import structlog
 from opentelemetry import trace
 
 
+def _write_line(line: str) -> None:
+    """``line`` and its newline to ``sys.stderr`` in one write (``print`` writes them apart: two system calls)."""
+    stream = sys.stderr
+    stream.write(line + "\n")
+    stream.flush()
+
+
 class StderrLogger:
     """Prints to whatever ``sys.stderr`` is when a line is written (``PrintLoggerFactory(file=sys.stderr)``
     keeps the stream of the moment it was configured: a stream replaced since, e.g. closed by a test
     harness's capture, then fails every later log call)."""
 
     def msg(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+        _write_line(message)
 
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
@@ -37,7 +44,7 @@ class StderrHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            print(self.format(record), file=sys.stderr, flush=True)
+            _write_line(self.format(record))
         except Exception:
             self.handleError(record)
 

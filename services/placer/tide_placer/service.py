@@ -614,7 +614,9 @@ class PlacerService:
         """Change a job record atomically (``JobStore.change``, starting from the view's copy) and keep the
         result in the view; with ``dequeue`` the job leaves the pending set in the same step. ``write``: the
         compare-and-set with more in the same step (``_exit_write``, ``_commit_write``, ``_reserve``'s)."""
-        result = await self.jobs.change(job_id, change, known=self.view.raw(job_id), dequeue=dequeue, write=write)
+        kept = self.view.kept(job_id)
+        result = await self.jobs.change(job_id, change, known=kept.raw if kept else None, dequeue=dequeue,
+                                        write=write, known_record=kept.record if kept else None)
         if result is None:
             return None
         record, raw = result

@@ -90,9 +90,9 @@ class ClusterView:
         self._noted.update(allocs)
 
     # ------------------------------------------------------------ job records
-    def raw(self, job_id: str) -> str | None:
-        known = self.known.get(job_id)
-        return known.raw if known is not None else None
+    def kept(self, job_id: str) -> Known | None:
+        """The job's record as last read or written, with its JSON."""
+        return self.known.get(job_id)
 
     def remember(self, record: JobRecord, raw: str) -> None:
         """Keep a record this placer just wrote (saves reading it back)."""

@@ -80,12 +80,14 @@ class JobStore:
 
     async def change(
         self, job_id: str, change: Callable[[JobRecord], bool], known: str | None = None, dequeue: bool = False,
-        write: Callable[[str, str], Awaitable[Any]] | None = None,
+        write: Callable[[str, str], Awaitable[Any]] | None = None, known_record: JobRecord | None = None,
     ) -> tuple[JobRecord, str] | None:
         """``update`` that starts from ``known`` (a serialised record the caller holds, saving a read) and
         returns the stored JSON with the record; with ``dequeue`` the job leaves the pending set in the
         same atomic step. A ``known`` that is out of date costs a read: it never decides anything (the
         compare-and-set refuses it, and a ``change`` that declines it is asked again on a fresh read).
+        ``known_record``: the record ``known`` parses to, which the caller never changes in place: the first
+        try changes a copy of it (``JobRecord.working_copy``) instead of parsing ``known`` again.
 
         ``write(expected, new)`` replaces the compare-and-set with one that does more in the same atomic step
         (the placer's: ``ClaimStore.write_records``, ``ClaimStore.reserve_many`` with records, which dequeue
@@ -93,13 +95,15 @@ class JobStore:
         else) or raises."""
         key = keys.job(job_id)
         raw = known
+        parsed = known_record if known is not None else None
         while True:
             fresh = raw is None
             if fresh:
                 raw = await self.redis.get(key)
                 if raw is None:
                     return None
-            record = JobRecord.model_validate_json(raw)
+            record = parsed.working_copy() if parsed is not None else JobRecord.model_validate_json(raw)
+            parsed = None  # a second try starts from what Redis holds
             if not change(record):
                 if fresh:
                     return None
