@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     event_loop: Literal["uvloop", "asyncio"] = Field(
         default="uvloop", description="the services' event loop: uvloop where installed, else asyncio's own")
     otlp_endpoint: str | None = Field(default=None, description="OTLP/HTTP traces endpoint; none = no export")
+    telemetry_read_every_s: float = Field(
+        default=0.05, ge=0.0, le=1.0,
+        description="the placer and metrics take the agents' heartbeats on a connection of their own, read at "
+                    "most this often (tide.bus.paced): one wake-up for all the heartbeats that came meanwhile, "
+                    "where each woke the service (docs/benchmarks.md, issue 17 eleventh round); 0: as they come")
     ready_file: Path | None = Field(default=None, description="touched once the service is ready")
 
     # node agent

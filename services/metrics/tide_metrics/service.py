@@ -1,9 +1,10 @@
 """The metrics service: job events, telemetry and Redis state in; Prometheus metrics (OpenTelemetry SDK),
 job-path traces and the feedback loop out.
 
-Inputs: the ``EVENTS`` stream (durable ``metrics-events``), the ``TELEMETRY`` stream (durable
-``metrics-telemetry``) and, every ``TIDE_METRICS_POLL_S``, Redis (nodes, capacity/used hashes, claims,
-the pending set and job records, the feedback weights). The computations are pure
+Inputs: the ``EVENTS`` stream (durable ``metrics-events``) and the digests of the other events, the agents'
+telemetry (a plain subscription on a connection of its own, read in batches) and, every
+``TIDE_METRICS_POLL_S``, Redis (nodes, capacity/used hashes, claims, the pending set and job records, the
+feedback weights). The computations are pure
 (``tide_metrics.state``, ``tide.core.feedback``); this module is the I/O around them. Metric names
 and meanings: ``docs/observability.md``.
 """
@@ -33,6 +34,7 @@ from redis.asyncio import Redis
 from tide import subjects
 from tide.batch import Batcher
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
+from tide.bus.paced import PacedReading
 from tide.runtime import every
 from tide.schemas.events import GpuSample, JobEvent, JobEventDigest, JobRecord, Telemetry
 from tide.schemas.feedback import FamilyWeights, family_of
@@ -148,8 +150,12 @@ class MetricsService:
         # Telemetry is a series of samples that the next one supersedes (a pod's usage is cumulative since it
         # started, peak included), so a plain subscription does: no pull requests and no acks, which at 1,000
         # nodes cost more CPU than the rest of the metrics service. A restart misses the samples sent while it
-        # was down; the TELEMETRY stream keeps the last hour of them for inspection.
-        self._telemetry = await self.nc.subscribe(subjects.TELEMETRY_ALL, cb=self._on_telemetry)
+        # was down; the TELEMETRY stream keeps the last hour of them for inspection. On a connection of their own,
+        # read in batches (``tide.bus.paced``): one wake-up for the heartbeats of 50 ms, not one for each.
+        self._telemetry_nc = await connect(self.settings, "tide-metrics-telemetry")
+        self._telemetry_reading = PacedReading(self._telemetry_nc, self.settings.telemetry_read_every_s)
+        self._telemetry = await self._telemetry_nc.subscribe(
+            subjects.TELEMETRY_ALL, cb=self._telemetry_reading.handler(self._on_telemetry))
         # Job events: the terminal ones (the feedback loop acts on them: weights, OOM resubmissions) through a
         # durable consumer, so none is missed across a restart; every other kind only counts and times, so the
         # digests the queue and placer send of them do (``tide.events.EventPublisher``: one delivery per digest,
@@ -341,6 +347,9 @@ class MetricsService:
                 pass
         if hasattr(self, "_dcgm"):
             REGISTRY.unregister(self._dcgm)
+        if hasattr(self, "_telemetry_nc"):
+            self._telemetry_reading.stop()
+            await close_nats(self._telemetry_nc)
         await close_nats(self.nc)
         await self.redis.aclose()
 
