@@ -394,7 +394,7 @@ def main() -> None:
     parts = [f"{r['rate_offered']}/s: placed p50 {r['submit_to_placed_ms']['p50']} ms p99 "
              f"{r['submit_to_placed_ms']['p99']} ms, sustained {r['sustained_placed_per_s']}/s, "
              f"{r['nats_msgs_per_job_net_of_idle']} NATS msgs/job, "
-             f"{r['cpu_ms_per_job_net_of_idle_total']} ms CPU/job (net of idle), "
+             f"{r['cpu_ms_per_job_net_of_idle_total']} ms CPU/job (net of idle; {r['cpu_ms_per_job_total']} all), "
              f"{r['placer_cycles_per_job']} placer cycles/job, "
              f"{r['succeeded']}/{r['jobs']} succeeded once, {r['pods_started_twice']} started twice"
              for r in result["rates"]]
