@@ -31,10 +31,9 @@ class Settings(BaseSettings):
     otlp_endpoint: str | None = Field(default=None, description="OTLP/HTTP traces endpoint; none = no export")
     telemetry_read_every_s: float = Field(
         default=0.05, ge=0.0, le=1.0,
-        description="the placer and metrics take what the agents send (heartbeats; the placer also node status) on "
-                    "a connection of its own, read at most this often (tide.bus.paced): one wake-up for all that "
-                    "came meanwhile, where each message woke the service (docs/benchmarks.md, issue 17 eleventh "
-                    "round); 0: as it comes")
+        description="the placer and metrics take the agents' heartbeats on a connection of their own, read at "
+                    "most this often (tide.bus.paced): one wake-up for all the heartbeats that came meanwhile, "
+                    "where each woke the service (docs/benchmarks.md, issue 17 eleventh round); 0: as they come")
     ready_file: Path | None = Field(default=None, description="touched once the service is ready")
 
     # node agent

@@ -257,12 +257,11 @@ class PlacerService:
         # a job's 'queued' event (published once the job is pending in Redis) is its kick: no message of its own
         await self.nc.subscribe(subjects.job_event("*", "queued"), cb=self._on_kick)
         await self.nc.subscribe(subjects.API_NODES, cb=self._api_nodes)
-        # What the agents send (heartbeats, and node status: registrations, pod starts and exits) on a connection
-        # of its own, read in batches: one wake-up for what 1,000 agents sent in 50 ms, one by one
-        self._agents_nc = await connect(self.settings, "tide-placer-agents", inbox_prefix="_INBOX_placer")
-        self._agents_js = self._agents_nc.jetstream()
-        self._agents_reading = PacedReading(self._agents_nc, self.settings.telemetry_read_every_s)
-        await self._agents_nc.subscribe(subjects.TELEMETRY_ALL, cb=self._agents_reading.handler(self._on_telemetry))
+        # heartbeats on a connection of their own, read in batches: a node's liveness can wait 50 ms
+        self._telemetry_nc = await connect(self.settings, "tide-placer-telemetry")
+        self._telemetry_reading = PacedReading(self._telemetry_nc, self.settings.telemetry_read_every_s)
+        await self._telemetry_nc.subscribe(subjects.TELEMETRY_ALL,
+                                           cb=self._telemetry_reading.handler(self._on_telemetry))
         await self._lease_step()  # a lone placer leads from its first cycle
 
     async def _load_node_leases(self) -> None:
@@ -284,9 +283,9 @@ class PlacerService:
         except Exception as exc:  # noqa: BLE001 - Redis away: the lease lapses after its TTL instead
             log.warning("placer_leader_release_failed", error=repr(exc))
         await self.events.flush()
-        if hasattr(self, "_agents_nc"):
-            self._agents_reading.stop()
-            await close_nats(self._agents_nc)
+        if hasattr(self, "_telemetry_nc"):
+            self._telemetry_reading.stop()
+            await close_nats(self._telemetry_nc)
         await close_nats(self.nc)
         await self.redis.aclose()
 
@@ -345,8 +344,8 @@ class PlacerService:
             lost = asyncio.Event()
             watcher = asyncio.create_task(_set_when(lost, stop, self._not_leading))
             try:
-                await consume(self._agents_js, subjects.PLACER_NODE_STATUS,
-                              self._agents_reading.handler(self._on_node_status), lost, order_key=status_order_key)
+                await consume(self.js, subjects.PLACER_NODE_STATUS, self._on_node_status, lost,
+                              order_key=status_order_key)
             finally:
                 watcher.cancel()
 
