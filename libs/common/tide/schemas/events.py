@@ -126,7 +126,7 @@ class JobRecord(BaseModel):
 
     def working_copy(self) -> JobRecord:
         """A copy to change, equal to this one: its own pods (with their GPU lists) and list of nodes to avoid;
-        the spec is shared, since a change replaces a job's spec and never edits it. A fifth of a parse's cost."""
+        the spec is shared, since a change replaces a job's spec and never edits it. A third of a parse's cost."""
         return self.model_copy(update={
             "pods": [p.model_copy(update={"gpus": list(p.gpus)}) for p in self.pods],
             "avoid_nodes": list(self.avoid_nodes)})
