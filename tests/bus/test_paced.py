@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import nats
@@ -57,6 +57,14 @@ async def trickle(url: str, subject: str, first: int, count: int, gap_s: float) 
     await pub.close()
 
 
+async def until(done: Callable[[], bool], seconds: float = 5.0) -> None:
+    """Wait until ``done()`` holds, for ``seconds`` at the most (the assertions after it say what was missing)."""
+    for _ in range(int(seconds / 0.05)):
+        if done():
+            return
+        await asyncio.sleep(0.05)
+
+
 def bursts(times: list[float], within_s: float = 0.004) -> int:
     """How many runs of handling there were: messages handled less than ``within_s`` apart are one run."""
     return 1 + sum(1 for a, b in zip(times, times[1:], strict=False) if b - a > within_s)
@@ -75,10 +83,7 @@ async def receive(url: str, interval_s: float, count: int, gap_s: float) -> tupl
     await nc.subscribe("beats.>", cb=reading.handler(on_msg))
     await nc.flush()
     await trickle(url, "beats.n1", 0, count, gap_s)
-    for _ in range(100):
-        if len(got) == count:
-            break
-        await asyncio.sleep(0.05)
+    await until(lambda: len(got) == count)
     reading.stop()
     await nc.close()
     return got, times, reading.pauses
@@ -114,10 +119,7 @@ async def test_reading_stays_paced_across_a_server_restart(server: Server) -> No
     await nc.subscribe("beats.>", cb=reading.handler(on_msg))
     await nc.flush()
     await trickle(server.url, "beats.n1", 0, 10, 0.01)
-    for _ in range(100):
-        if len(got) == 10:
-            break
-        await asyncio.sleep(0.05)
+    await until(lambda: len(got) == 10)
     before = reading.pauses
     assert got == list(range(10)) and before >= 1
     server.stop()
@@ -125,10 +127,7 @@ async def test_reading_stays_paced_across_a_server_restart(server: Server) -> No
     await asyncio.wait_for(reconnected.wait(), 10)  # with its subscription
     await nc.flush()
     await trickle(server.url, "beats.n1", 10, 20, 0.01)
-    for _ in range(100):
-        if len(got) == 30:
-            break
-        await asyncio.sleep(0.05)
+    await until(lambda: len(got) == 30)
     reading.stop()
     await nc.close()
     assert got == list(range(30))
