@@ -144,6 +144,9 @@ def pod_name(job_id: str, index: int) -> str:
 def _place_pods(
     placer: Placer, cluster: Cluster, request: PodRequest, gang: int, nodes: list[NodeDescription]
 ) -> list[PodPlacement] | Unfit:
+    if gang == 1:  # one pod: none placed before it to account for, so no what-if copy (``place`` changes nothing)
+        result = placer.place(cluster, request)
+        return result if isinstance(result, Unfit) else [PodPlacement(0, result)]
     what_if = cluster.copy()
     placements: list[PodPlacement] = []
     for index in range(gang):
