@@ -390,3 +390,26 @@ def test_a_job_goes_back_to_a_node_that_failed_it_only_when_nothing_else_fits() 
     # a lost node stays out even so
     plan = plan_cycle(state(nodes, {}, [failed_on_both], lost={"n0", "n1"}), Placer())
     assert plan.binds == [] and [r.job_id for r, _ in plan.not_placed] == ["j"]
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_placing_a_job_leaves_the_cluster_as_it_was(replicas: int) -> None:
+    """``place_job`` plans on the cycle's cluster without changing it: a one-pod job on the cluster itself (no
+    what-if copy), a gang on a copy (each of its pods placed where the ones before it left room). Placing it
+    again, or on a fresh copy, gives the same placement."""
+    nodes = [small_node(f"n{i}", gpus=2) for i in range(3)]
+    cluster = Cluster.from_descriptions(nodes)
+    cluster.allocate(whole("n0", [0]))
+    before = {a: getattr(cluster, a).copy() for a in ("milli_free", "gpu_mem_free", "cpu_free", "mem_free",
+                                                        "node_stamp")}
+    spec = record("j", gpu=1, replicas=replicas).spec
+    placed = place_job(Placer(), cluster, spec, nodes)
+    assert isinstance(placed, list) and len(placed) == replicas
+    for name, array in before.items():
+        assert (getattr(cluster, name) == array).all(), name
+    again = place_job(Placer(), cluster, spec, nodes)
+    fresh = place_job(Placer(), cluster.copy(), spec, nodes)
+    assert isinstance(again, list) and isinstance(fresh, list)
+    assert [p.alloc for p in again] == [p.alloc for p in fresh] == [p.alloc for p in placed]
+    taken = [(p.alloc.node_id, p.alloc.gpu_indices) for p in placed]
+    assert len(set(taken)) == replicas and ("n0", (0,)) not in taken  # a gang's pods on distinct free GPUs
