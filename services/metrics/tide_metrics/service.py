@@ -34,7 +34,7 @@ from redis.asyncio import Redis
 from tide import subjects
 from tide.batch import Batcher
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
-from tide.bus.paced import PacedReading
+from tide.bus.paced import PacedConnection
 from tide.runtime import every
 from tide.schemas.events import GpuSample, JobEvent, JobEventDigest, JobRecord, Telemetry
 from tide.schemas.feedback import FamilyWeights, family_of
@@ -152,10 +152,9 @@ class MetricsService:
         # nodes cost more CPU than the rest of the metrics service. A restart misses the samples sent while it
         # was down; the TELEMETRY stream keeps the last hour of them for inspection. On a connection of their own,
         # read in batches (``tide.bus.paced``): one wake-up for the heartbeats of 50 ms, not one for each.
-        self._telemetry_nc = await connect(self.settings, "tide-metrics-telemetry")
-        self._telemetry_reading = PacedReading(self._telemetry_nc, self.settings.telemetry_read_every_s)
-        self._telemetry = await self._telemetry_nc.subscribe(
-            subjects.TELEMETRY_ALL, cb=self._telemetry_reading.handler(self._on_telemetry))
+        self._telemetry_conn = await PacedConnection.open(self.settings, "tide-metrics-telemetry",
+                                                          self.settings.telemetry_read_every_s)
+        self._telemetry = await self._telemetry_conn.subscribe(subjects.TELEMETRY_ALL, self._on_telemetry)
         # Job events: the terminal ones (the feedback loop acts on them: weights, OOM resubmissions) through a
         # durable consumer, so none is missed across a restart; every other kind only counts and times, so the
         # digests the queue and placer send of them do (``tide.events.EventPublisher``: one delivery per digest,
@@ -347,9 +346,8 @@ class MetricsService:
                 pass
         if hasattr(self, "_dcgm"):
             REGISTRY.unregister(self._dcgm)
-        if hasattr(self, "_telemetry_nc"):
-            self._telemetry_reading.stop()
-            await close_nats(self._telemetry_nc)
+        if hasattr(self, "_telemetry_conn"):
+            await self._telemetry_conn.close()
         await close_nats(self.nc)
         await self.redis.aclose()
 

@@ -36,7 +36,7 @@ from opentelemetry import trace
 from tide import subjects
 from tide.batch import Batcher
 from tide.bus.nats import close_nats, connect, consume, ensure_streams
-from tide.bus.paced import PacedReading
+from tide.bus.paced import PacedConnection
 from tide.clock import wall_clock
 from tide.core import DEFAULT_POLICY, Allocation, Placer, Unfit
 from tide.core.cycle import Bind, CycleState, Running, TimedOut, plan_cycle
@@ -258,10 +258,9 @@ class PlacerService:
         await self.nc.subscribe(subjects.job_event("*", "queued"), cb=self._on_kick)
         await self.nc.subscribe(subjects.API_NODES, cb=self._api_nodes)
         # heartbeats on a connection of their own, read in batches: a node's liveness can wait 50 ms
-        self._telemetry_nc = await connect(self.settings, "tide-placer-telemetry")
-        self._telemetry_reading = PacedReading(self._telemetry_nc, self.settings.telemetry_read_every_s)
-        await self._telemetry_nc.subscribe(subjects.TELEMETRY_ALL,
-                                           cb=self._telemetry_reading.handler(self._on_telemetry))
+        self._telemetry_conn = await PacedConnection.open(self.settings, "tide-placer-telemetry",
+                                                          self.settings.telemetry_read_every_s)
+        await self._telemetry_conn.subscribe(subjects.TELEMETRY_ALL, self._on_telemetry)
         await self._lease_step()  # a lone placer leads from its first cycle
 
     async def _load_node_leases(self) -> None:
@@ -283,9 +282,8 @@ class PlacerService:
         except Exception as exc:  # noqa: BLE001 - Redis away: the lease lapses after its TTL instead
             log.warning("placer_leader_release_failed", error=repr(exc))
         await self.events.flush()
-        if hasattr(self, "_telemetry_nc"):
-            self._telemetry_reading.stop()
-            await close_nats(self._telemetry_nc)
+        if hasattr(self, "_telemetry_conn"):
+            await self._telemetry_conn.close()
         await close_nats(self.nc)
         await self.redis.aclose()
 

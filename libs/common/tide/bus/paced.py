@@ -19,6 +19,10 @@ from typing import Any, Protocol
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from tide.bus.nats import close_nats, connect
+from tide.settings import Settings
 
 log = structlog.get_logger()
 
@@ -89,3 +93,24 @@ class PacedReading:
         paused, self._paused = self._paused, None
         if paused is not None and not paused.is_closing():
             paused.resume_reading()
+
+
+class PacedConnection:
+    """A NATS connection of its own whose subscriptions are read in batches (``PacedReading``): for what may wait
+    ``interval_s``, kept apart from a service's main connection, which is read as messages come."""
+
+    def __init__(self, nc: NATS, interval_s: float) -> None:
+        self.nc = nc
+        self.reading = PacedReading(nc, interval_s)
+
+    @classmethod
+    async def open(cls, settings: Settings, name: str, interval_s: float) -> PacedConnection:
+        return cls(await connect(settings, name), interval_s)
+
+    async def subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]]) -> Subscription:
+        return await self.nc.subscribe(subject, cb=self.reading.handler(cb))
+
+    async def close(self) -> None:
+        """Read as usual again (what is in flight is taken at once), then flush and close."""
+        self.reading.stop()
+        await close_nats(self.nc)
