@@ -13,7 +13,7 @@ from tide.core import Cluster, Placer
 from tide.core import cycle as cycle_module
 from tide.core.cycle import CycleState, Plan, plan_cycle
 from tide.core.job_placement import job_demand, place_job
-from tide.core.model import MILLI, Allocation
+from tide.core.model import MILLI, Allocation, Unfit
 from tide.core.queues import QueueTree
 from tide.core.tides import parse_tides
 from tide.schemas.events import JobRecord, JobState, PodRecord
@@ -413,3 +413,23 @@ def test_placing_a_job_leaves_the_cluster_as_it_was(replicas: int) -> None:
     assert [p.alloc for p in again] == [p.alloc for p in fresh] == [p.alloc for p in placed]
     taken = [(p.alloc.node_id, p.alloc.gpu_indices) for p in placed]
     assert len(set(taken)) == replicas and ("n0", (0,)) not in taken  # a gang's pods on distinct free GPUs
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_a_job_that_can_never_fit_is_told_so_and_a_job_that_waits_for_room_is_not(replicas: int) -> None:
+    """``place_job`` asks whether a job could fit on the empty cluster only once no placement was found: the
+    answer is the same as asking first. A one-pod job and a gang, each for every reason: a selector no node
+    matches, more GPUs per pod than the largest node has (never: not resolvable), and a full cluster (resolvable:
+    it waits)."""
+    nodes = [small_node(f"n{i}", gpus=2) for i in range(3)]
+    empty = Cluster.from_descriptions(nodes)
+    nowhere = place_job(Placer(), empty, record("sel", gpu=1, replicas=replicas, pool="nowhere").spec, nodes)
+    assert isinstance(nowhere, Unfit) and not nowhere.resolvable and "selector" in nowhere.reason
+    too_big = place_job(Placer(), empty, record("big", gpu=3, replicas=replicas).spec, nodes)
+    assert isinstance(too_big, Unfit) and not too_big.resolvable and "largest node has 2" in too_big.reason
+    full = Cluster.from_descriptions(nodes)
+    for node in nodes:
+        full.allocate(whole(node.node_id, [0, 1]))
+    waits = place_job(Placer(), full, record("waits", gpu=1, replicas=replicas).spec, nodes)
+    assert isinstance(waits, Unfit) and waits.resolvable
+    assert isinstance(place_job(Placer(), empty, record("fits", gpu=1, replicas=replicas).spec, nodes), list)

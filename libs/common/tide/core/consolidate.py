@@ -60,7 +60,7 @@ from tide.core.model import MILLI, Allocation, Unfit
 from tide.core.preempt import job_preemptible
 from tide.core.tidal import lent_view
 from tide.schemas.events import JobRecord, JobState
-from tide.schemas.feedback import FamilyWeights, family_of
+from tide.schemas.feedback import FamilyWeights, weights_for
 from tide.schemas.job import PRIORITY_VALUES, PriorityClass
 
 MAX_MOVES = 4  # jobs moved for one pending job, at most
@@ -268,7 +268,7 @@ def _moved_jobs_fit_again(ctx: CycleContext, what_if: Cluster, record: JobRecord
             if ctx.earmark is not None and not may_use_earmarked(job, ctx.earmark, state.now, ctx.tree):
                 avoid |= set(ctx.earmark.nodes)
             again = place_job(ctx.placer, lent_view(what_if, job, ctx.tide_states, ctx.running), job.spec,
-                              state.nodes, avoid, state.weights.get(family_of(job.spec)))
+                              state.nodes, avoid, weights_for(state.weights, job.spec))
             if isinstance(again, Unfit):
                 return None
             for p in again:

@@ -61,7 +61,7 @@ from tide.core.running_tally import RunningTally
 from tide.core.tidal import Lending, lending, lent_view, refill_headroom, return_lent_nodes, selector_pool
 from tide.core.tides import TideState
 from tide.schemas.events import POD_DONE_STATES, JobRecord, JobState
-from tide.schemas.feedback import FamilyWeights, family_of
+from tide.schemas.feedback import FamilyWeights, weights_for
 from tide.schemas.job import PRIORITY_VALUES, JobSpec
 
 __all__ = ["Bind", "CycleState", "Earmark", "Lending", "Plan", "Preemption", "Running", "TideState", "lending",
@@ -107,7 +107,7 @@ def _admit_and_place(ctx: CycleContext) -> None:
         exclude = state.lost | set(record.avoid_nodes)
         if ctx.earmark is not None and not may_use_earmarked(record, ctx.earmark, state.now, ctx.tree):
             exclude |= set(ctx.earmark.nodes)
-        feedback = state.weights.get(family_of(record.spec))
+        feedback = weights_for(state.weights, record.spec)
         result: list[PodPlacement] | Unfit
         if check.excess:
             result = Unfit(check.excess[0].reason, True)
@@ -230,7 +230,7 @@ def _place_extras(ctx: CycleContext) -> None:
                and not r.cancel_requested and not _gang_done(r)]
     growing.sort(key=lambda r: (-PRIORITY_VALUES[r.spec.metadata.priority_class], r.started_at or 0.0, r.job_id))
     for record in growing:
-        placements = _extras_for(ctx, record, state.weights.get(family_of(record.spec)))
+        placements = _extras_for(ctx, record, weights_for(state.weights, record.spec))
         if placements:
             ctx.plan.grows.append(Bind(record, placements))
 

@@ -83,21 +83,31 @@ def place_job(
     ``feedback`` is its family's weights from the feedback loop.
     """
     request = pod_request(spec, feedback, int(cluster.gpu_mem_cap.max()) if cluster.num_nodes else 0)
-    reason = never_fits(cluster, request)
-    if reason is not None:
-        return Unfit(reason, resolvable=False)
     gang = spec.spec.gang_size
     require, prefer = topology_levels(spec, feedback)
     exclude = set(exclude)
     if request.kind == "mig" or (gang == 1 and require is None and prefer is None):
-        return _place_pods(placer, cordoned(cluster, exclude), request, gang, nodes)
+        placed = _place_pods(placer, cordoned(cluster, exclude), request, gang, nodes)
+        return _never_fits_first(cluster, request, placed)
     plan = place_gang(cluster, request, gang, require=require, prefer=prefer, exclude=exclude)
     if isinstance(plan, Unfit):
+        if (reason := never_fits(cluster, request)) is not None:
+            return Unfit(reason, resolvable=False)
         empty = place_gang(empty_cluster(nodes), request, gang, require=require, prefer=prefer)
         if isinstance(empty, Unfit):
             return Unfit(f"gang of {gang} x {describe(request)} can never fit: {empty.reason} when empty", False)
         return plan
     return [PodPlacement(i, a) for i, a in enumerate(plan.allocations)]
+
+
+def _never_fits_first(cluster: Cluster, request: PodRequest, placed: list[PodPlacement] | Unfit
+                      ) -> list[PodPlacement] | Unfit:
+    """``placed``, unless it is an Unfit and the request could not fit even on the empty cluster: then why not
+    (not resolvable). Asked only when the placement failed: a placement found says the request can fit, and most
+    jobs are placed (a scan of the whole cluster saved per placed job)."""
+    if isinstance(placed, Unfit) and (reason := never_fits(cluster, request)) is not None:
+        return Unfit(reason, resolvable=False)
+    return placed
 
 
 def missing_extras(record: JobRecord) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Mapping
 
 from pydantic import BaseModel, Field
 
@@ -32,6 +33,12 @@ class WeightsChanged(Message):
     """On ``tide.placer.weights``: one family's new weights and why."""
 
     weights: FamilyWeights
+
+
+def weights_for(weights: Mapping[str, FamilyWeights], spec: JobSpec) -> FamilyWeights | None:
+    """The feedback weights of the job's family, if the loop set any (its family worked out only then: the
+    digest of the command costs more than the lookup, and most clusters have no weights for most families)."""
+    return weights.get(family_of(spec)) if weights else None
 
 
 def family_of(spec: JobSpec) -> str:
