@@ -2,9 +2,10 @@
 
 Starts the real stack (NATS JetStream, Redis, queue, placer, metrics) on free ports with N simulated
 nodes (8 x H100 each). The node agents are simulated in this process (``SimAgent``): each node has its
-own NATS connection and credentials, registers, heartbeats, acknowledges start commands (one request per
-node per placer cycle) and reports pods started and exited (one status batch per heartbeat) over the same
-subjects and permissions as the real agent, but runs no
+own NATS connection and credentials, registers, heartbeats (every 2 s, its running pods in a header, GPU samples
+and the pods' usage every 5 s, on the subjects the real agent uses for each), acknowledges start commands (one
+request per node per placer cycle) and reports pods started and exited (one status batch per heartbeat) over the
+same subjects and permissions as the real agent, but runs no
 process (a pod "runs" for the seconds of its `sleep N` command). A load generator in this process
 submits 1-GPU jobs through JetStream at each rate for a bounded time, and follows their events.
 Prints JSON and a one-line summary.
@@ -41,11 +42,13 @@ from tide.schemas.events import (
     NODE_COMMAND,
     CommandAck,
     ExitReason,
+    GpuSample,
     JobEvent,
     NodeRegistered,
     PodExited,
     PodStarted,
     PodStatusBatch,
+    PodUsage,
     StartPod,
     StartPods,
     Telemetry,
@@ -55,6 +58,7 @@ from tide.stack.auth import node_user
 from tide.stack.launcher import Stack, StackInfo
 
 HEARTBEAT_S = 2.0  # the agents' default (TIDE_HEARTBEAT_S)
+TELEMETRY_S = 5.0  # the agents' default (TIDE_TELEMETRY_S): a beat carries GPU samples when this long has passed
 STARTS: Counter[str] = Counter()  # job id -> how many times a simulated agent started its (one) pod
 
 
@@ -66,6 +70,9 @@ class SimAgent:
         self.tasks: set[asyncio.Task[None]] = set()
         self.transitions: list[PodStarted | PodExited] = []  # sent with the next heartbeat, as the agent does
         self.answered: set[str] = set()  # pending starts answered 'started': reported only with their exit
+        self.running: dict[str, StartPod] = {}  # "<job>/<pod>" (the agent's key) -> its start
+        self.seq = 0
+        self.sampled_at = 0.0  # monotonic time of the last beat with samples; 0: none yet
 
     async def start(self) -> None:
         node_id = self.node.node_id
@@ -77,8 +84,17 @@ class SimAgent:
         await publish(self.js, subjects.node_status(node_id), NodeRegistered(node=self.node))
 
     async def heartbeat(self) -> None:
-        await self.nc.publish(subjects.telemetry(self.node.node_id),
-                              Telemetry(node_id=self.node.node_id).to_bytes())
+        """As the agent beats: one message, on the telemetry subject with GPU samples and the pods' usage every
+        ``TELEMETRY_S``, else on the heartbeat subject; the running pods in its header."""
+        node_id, now = self.node.node_id, time.monotonic()
+        self.seq += 1
+        sampled = not self.sampled_at or now - self.sampled_at >= TELEMETRY_S - 1e-3
+        if sampled:
+            self.sampled_at = now
+        beat = Telemetry(node_id=node_id, running_pods=len(self.running), seq=self.seq, heartbeat_s=HEARTBEAT_S,
+                         gpus=self.samples() if sampled else [], pods=self.usage() if sampled else [])
+        await self.nc.publish(subjects.telemetry(node_id) if sampled else subjects.heartbeat(node_id),
+                              beat.to_bytes(), headers={subjects.PODS_HEADER: ",".join(sorted(self.running))})
         if self.transitions:
             items, self.transitions = self.transitions, []
             report = transitions_to_report(items, self.answered)
@@ -86,6 +102,19 @@ class SimAgent:
             if report:
                 await publish(self.js, subjects.node_status(self.node.node_id),
                               PodStatusBatch(node_id=self.node.node_id, items=report))
+
+    def samples(self) -> list[GpuSample]:
+        """What the simulated NVML backend reports: every GPU, busy where a running pod holds it."""
+        busy = {g.index for cmd in self.running.values() for g in cmd.gpus}
+        return [GpuSample(index=g.index, uuid=g.uuid, utilization_ratio=0.9 if g.index in busy else 0.0,
+                          memory_used_bytes=(40 << 30) if g.index in busy else 0, memory_total_bytes=g.memory_mib << 20,
+                          memory_bandwidth_ratio=0.5 if g.index in busy else 0.0, sm_clock_hz=1.98e9,
+                          power_watts=500.0 if g.index in busy else 70.0, temperature_c=55.0)
+                for g in self.node.gpus]
+
+    def usage(self) -> list[PodUsage]:
+        return [PodUsage(job_id=cmd.job_id, pod=cmd.pod, gpu_memory_bytes=40 << 30, peak_memory_bytes=40 << 30)
+                for cmd in self.running.values()]
 
     async def on_command(self, msg) -> None:
         command = NODE_COMMAND.validate_json(msg.data)
@@ -105,6 +134,7 @@ class SimAgent:
 
     def start_pod(self, cmd: StartPod) -> CommandAck:
         STARTS[cmd.job_id] += 1
+        self.running[f"{cmd.job_id}/{cmd.pod}"] = cmd
         self.transitions.append(PodStarted(node_id=self.node.node_id, job_id=cmd.job_id, pod=cmd.pod, pid=0))
         task = asyncio.get_running_loop().create_task(self.run_pod(cmd))
         self.tasks.add(task)
@@ -114,6 +144,7 @@ class SimAgent:
     async def run_pod(self, cmd: StartPod) -> None:
         seconds = float(cmd.command[1]) if cmd.command[0] == "sleep" else 0.0
         await asyncio.sleep(seconds)
+        self.running.pop(f"{cmd.job_id}/{cmd.pod}", None)
         self.transitions.append(PodExited(node_id=self.node.node_id, job_id=cmd.job_id, pod=cmd.pod, exit_code=0,
                                           reason=ExitReason.COMPLETED))
 

@@ -42,6 +42,7 @@ TARGETS: list[tuple[str, str, bool]] = [
     ("fuzzer", subjects.job_cancel_as("fuzzer"), False),
     ("node-n0", subjects.node_status("n0"), False),
     ("node-n0", subjects.telemetry("n0"), False),
+    ("node-n0", subjects.heartbeat("n0"), False),
     ("queue", subjects.job_event("fuzz-event", "queued"), False),
     ("placer", subjects.job_event("fuzz-event", "placed"), False),
     ("placer", subjects.job_event("fuzz-event", "succeeded"), False),

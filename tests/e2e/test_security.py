@@ -36,14 +36,16 @@ async def test_node_agent_cannot_publish_another_nodes_status(stack: Stack) -> N
         forged = PodExited(node_id="node-1", job_id="victim", pod="victim-0", exit_code=0, reason="Completed")
         await nc.publish(subjects.node_status("node-1"), forged.to_bytes())
         await nc.publish(subjects.telemetry("node-1"), b"{}")
+        await nc.publish(subjects.heartbeat("node-1"), b"{}")
         await nc.flush()
         for _ in range(40):
-            if len(errors) >= 2:
+            if len(errors) >= 3:
                 break
             await asyncio.sleep(0.05)
         text = " ".join(str(e) for e in errors).lower()
         assert 'permissions violation for publish to "tide.node.node-1.status"' in text
         assert 'permissions violation for publish to "tide.telemetry.node-1"' in text
+        assert 'permissions violation for publish to "tide.heartbeat.node-1"' in text
         # nor may it listen to another node's commands or the job events
         await nc.subscribe(subjects.node_cmd("node-1"))
         await nc.subscribe(subjects.EVENTS_ALL)

@@ -52,6 +52,7 @@ async def test_agent_heartbeats_runs_pods_and_dies_with_them(nats_url: str, tmp_
     await ensure_streams(nc.jetstream())
     status: asyncio.Queue = asyncio.Queue()
     beats: list[tuple[float, Telemetry]] = []
+    subject_of: dict[int, str] = {}  # a beat's seq -> the subject it came on
 
     async def on_status(msg) -> None:
         message = NODE_STATUS.validate_json(msg.data)
@@ -59,10 +60,13 @@ async def test_agent_heartbeats_runs_pods_and_dies_with_them(nats_url: str, tmp_
             await status.put(item)
 
     async def on_beat(msg) -> None:
-        beats.append((time.monotonic(), Telemetry.model_validate_json(msg.data)))
+        beat = Telemetry.model_validate_json(msg.data)
+        beats.append((time.monotonic(), beat))
+        subject_of[beat.seq] = msg.subject
 
     await nc.subscribe(subjects.node_status(NODE), cb=on_status)
     await nc.subscribe(subjects.telemetry(NODE), cb=on_beat)
+    await nc.subscribe(subjects.heartbeat(NODE), cb=on_beat)
     agent = spawn_agent(nats_url, tmp_path / "work")
     survivor = None
     try:
@@ -106,6 +110,10 @@ async def test_agent_heartbeats_runs_pods_and_dies_with_them(nats_url: str, tmp_
         assert all(t.heartbeat_s == 0.2 for _, t in beats)
         with_gpus = [t for _, t in beats if t.gpus]
         assert with_gpus and len(with_gpus) < len(beats), "GPU samples ride on some heartbeats only"
+        # one message per beat: the beats with samples on the telemetry subject, the others on the heartbeat one
+        assert sorted(subject_of) == seqs
+        assert {subject_of[t.seq] for t in with_gpus} == {subjects.telemetry(NODE)}
+        assert {subject_of[t.seq] for _, t in beats if not t.gpus} == {subjects.heartbeat(NODE)}
         assert any(t.running_pods == 1 and t.pods and t.pods[0].job_id == "long" for t in with_gpus)
 
         agent.send_signal(signal.SIGKILL)

@@ -100,12 +100,30 @@ def node_inbox_prefix(node_id: str) -> str:
     return f"_INBOX_{node_id}"
 
 
-# Telemetry and heartbeats (stream TELEMETRY)
+# Heartbeats and telemetry. Each heartbeat of an agent is one message: on ``tide.telemetry.<id>`` when it carries
+# GPU samples (every ``TIDE_TELEMETRY_S``; stream TELEMETRY keeps them, metrics reads them), else on
+# ``tide.heartbeat.<id>`` (no stream: the placer's liveness only). The placer takes both as heartbeats.
 TELEMETRY_ALL = f"{PREFIX}.telemetry.>"
+HEARTBEAT_ALL = f"{PREFIX}.heartbeat.>"
 
 
 def telemetry(node_id: str) -> str:
+    """A node's heartbeats that carry GPU samples."""
     return f"{PREFIX}.telemetry.{node_id}"
+
+
+def heartbeat(node_id: str) -> str:
+    """A node's heartbeats without GPU samples."""
+    return f"{PREFIX}.heartbeat.{node_id}"
+
+
+def heartbeat_node(subject: str) -> str | None:
+    """The node a heartbeat's subject (either kind) names; None for any other subject."""
+    for prefix in (heartbeat(""), telemetry("")):
+        if subject.startswith(prefix):
+            node_id = subject.removeprefix(prefix)
+            return node_id if node_id and "." not in node_id else None
+    return None
 
 
 PODS_HEADER = "Tide-Pods"

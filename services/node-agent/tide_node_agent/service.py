@@ -2,8 +2,9 @@
 
 - Inventory: ``backend.discover()`` plus labels, published as ``NodeRegistered`` at start, after a
   NATS reconnect, and whenever a re-discovery (every ``TIDE_INVENTORY_S``) finds a change.
-- Heartbeat: a ``Telemetry`` message every ``TIDE_HEARTBEAT_S`` with a sequence number; every
-  ``TIDE_TELEMETRY_S`` it also carries the GPU samples and per-pod usage.
+- Heartbeat: a ``Telemetry`` message every ``TIDE_HEARTBEAT_S`` with a sequence number, on
+  ``tide.heartbeat.<id>``; every ``TIDE_TELEMETRY_S`` it carries the GPU samples and per-pod usage instead, on
+  ``tide.telemetry.<id>`` (the subject the TELEMETRY stream keeps and metrics reads).
 - Pods: ``StartPod`` -> resolve MIG instances (creating them if needed), pick CPUs, MPS, runtime
   argv/env, launch; ``PodExited`` with reason, signal, peak GPU memory once it ends. A placer cycle's
   starts for this node come in one ``StartPods`` request (each start keeps its token and expiry); the
@@ -361,11 +362,15 @@ class NodeAgent:
         self.poll_memory()
         gpus: list[GpuSample] = []
         pods: list[PodUsage] = []
-        if now - self._last_telemetry >= self.settings.telemetry_s - 1e-3 or not self._last_telemetry:
+        sampled = now - self._last_telemetry >= self.settings.telemetry_s - 1e-3 or not self._last_telemetry
+        if sampled:
             gpus, pods = self.telemetry(now)
         telemetry = Telemetry(node_id=self.node_id, running_pods=len(self.pods), gpus=gpus, pods=pods,
                               seq=self.seq, heartbeat_s=self.settings.heartbeat_s)
-        await self.nc.publish(subjects.telemetry(self.node_id), telemetry.to_bytes(),
+        # one message per beat: with the samples on the telemetry subject (kept, read by metrics), else on the
+        # heartbeat subject (the placer's liveness only)
+        subject = subjects.telemetry(self.node_id) if sampled else subjects.heartbeat(self.node_id)
+        await self.nc.publish(subject, telemetry.to_bytes(),
                               headers={subjects.PODS_HEADER: ",".join(sorted(self.pods))})
         await self._renew()
         await self._flush_in_background()

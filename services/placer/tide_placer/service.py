@@ -260,7 +260,8 @@ class PlacerService:
         # heartbeats on a connection of their own, read in batches: a node's liveness can wait 50 ms
         self._telemetry_conn = await PacedConnection.open(self.settings, "tide-placer-telemetry",
                                                           self.settings.telemetry_read_every_s)
-        await self._telemetry_conn.subscribe(subjects.TELEMETRY_ALL, self._on_telemetry)
+        await self._telemetry_conn.subscribe(subjects.HEARTBEAT_ALL, self._on_telemetry)
+        await self._telemetry_conn.subscribe(subjects.TELEMETRY_ALL, self._on_telemetry)  # beats with samples
         await self._lease_step()  # a lone placer leads from its first cycle
 
     async def _load_node_leases(self) -> None:
@@ -352,9 +353,10 @@ class PlacerService:
         self._kick.set()
 
     async def _on_telemetry(self, msg: Msg) -> None:
-        """A heartbeat: the subject names the node (only that node's user may publish on it)."""
-        node_id = msg.subject.removeprefix(subjects.telemetry(""))
-        if node_id and "." not in node_id:
+        """A heartbeat, with GPU samples or without: the subject names the node (only that node's user may
+        publish on it)."""
+        node_id = subjects.heartbeat_node(msg.subject)
+        if node_id is not None:
             self.last_seen[node_id] = time.time()
             header = (msg.headers or {}).get(subjects.PODS_HEADER)
             if header is not None:

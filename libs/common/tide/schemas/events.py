@@ -354,7 +354,7 @@ class PodUsage(BaseModel):
 
 
 class Telemetry(Message):
-    """Heartbeat plus per-GPU samples, on ``tide.telemetry.<node_id>``."""
+    """A heartbeat: with per-GPU samples on ``tide.telemetry.<node_id>``, without on ``tide.heartbeat.<node_id>``."""
 
     node_id: str
     running_pods: int = 0

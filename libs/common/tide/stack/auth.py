@@ -1,6 +1,6 @@
 """Credentials and permissions: one NATS user per service and per node agent, Redis ACL users.
 
-A node agent may publish only its own status and telemetry subjects and subscribe only to
+A node agent may publish only its own status, heartbeat and telemetry subjects and subscribe only to
 its own command and logs subjects and its own inbox prefix; it does not touch Redis.
 """
 
@@ -72,7 +72,8 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
             "publish": [subjects.EVENTS_ALL, subjects.EVENT_DIGEST, "tide.node.*.cmd", *js_stream_lookup(),
                         *js_consumer_with_dlq(subjects.PLACER_NODE_STATUS)],
             "subscribe": [subjects.PLACER_KICK, subjects.job_event("*", "queued"), subjects.API_NODES,
-                          subjects.TELEMETRY_ALL, subjects.PLACER_WEIGHTS, f"{service_inbox_prefix('placer')}.>"],
+                          subjects.HEARTBEAT_ALL, subjects.TELEMETRY_ALL, subjects.PLACER_WEIGHTS,
+                          f"{service_inbox_prefix('placer')}.>"],
         },
         "metrics": {
             # tide.jobs.submit[.<tenant>]: the feedback loop resubmits OOM-failed jobs with a larger share, a
@@ -95,7 +96,7 @@ def service_permissions() -> dict[str, dict[str, list[str]]]:
 
 def node_permissions(node_id: str) -> dict[str, list[str]]:
     return {
-        "publish": [subjects.node_status(node_id), subjects.telemetry(node_id)],
+        "publish": [subjects.node_status(node_id), subjects.heartbeat(node_id), subjects.telemetry(node_id)],
         "subscribe": [subjects.node_cmd(node_id), subjects.node_logs(node_id),
                       f"{subjects.node_inbox_prefix(node_id)}.>"],
     }
