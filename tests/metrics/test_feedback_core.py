@@ -12,6 +12,7 @@ from tide.core.feedback import (
     after_traffic,
     effective_share_mib,
     far_traffic_bytes,
+    may_change_affinity,
     resubmission,
     resubmit_id,
 )
@@ -101,6 +102,26 @@ def test_far_traffic_counts_cross_node_and_cross_switch_pairs_only() -> None:
     assert got == 4.5 + 4.5 + 9.0
     measured = far_traffic_bytes(spread, [PodBytes("p0", 10e9, network_bytes=3), PodBytes("p1", 10e9, 4)])
     assert measured == 7
+
+
+def test_a_lone_pod_on_one_gpu_never_changes_affinity_so_its_traffic_is_not_weighed() -> None:
+    """``may_change_affinity`` says no only where ``after_traffic`` could change nothing: one pod, one GPU (a
+    share or a whole one), whatever its bytes and its family's weights; yes for two GPUs or two pods, and for
+    every job once the policy calls any traffic heavy."""
+    lone = JobGpu("p0", "n0", 0, 0, None)
+    weights = [None, FamilyWeights(family="f", affinity=0.5), FamilyWeights(family="f", affinity=1.0)]
+    for one in (spec(), spec(gpu=1)):
+        assert not may_change_affinity(one)
+        for w in weights:
+            for bytes_ in (0.0, 1e9, 1e15):
+                far = far_traffic_bytes([lone], [PodBytes("p0", bytes_, network_bytes=int(bytes_))])
+                assert after_traffic(w, "f", job_id="j", far_bytes=far, seconds=4, nodes=1) is None
+    two_pods = JobSpec.model_validate({"metadata": {"name": "g"}, "spec": {"replicas": 2, "template": {
+        "command": ["x"], "resources": {"gpu": 1}}}})
+    assert may_change_affinity(spec(gpu=2)) and may_change_affinity(two_pods)
+    eager = FeedbackPolicy(traffic_bytes_per_s=0)
+    assert may_change_affinity(spec(), eager)
+    assert after_traffic(None, "f", job_id="j", far_bytes=0, seconds=4, nodes=1, policy=eager) is not None
 
 
 def test_resubmission_has_a_deterministic_id_and_a_multiplied_share_applied_once() -> None:

@@ -31,6 +31,7 @@ from tide.core.feedback import (
     after_traffic,
     applied_multiplier,
     far_traffic_bytes,
+    may_change_affinity,
     resubmission,
     share_memory_mib,
 )
@@ -306,7 +307,11 @@ class FeedbackLoop:
             cur, job_id=job_id, request_mib=original, peak_bytes=usage.peak_bytes if usage else None,
             policy=self.policy))
 
-    async def job_traffic(self, job_id: str, usage: JobUsage) -> None:
+    async def job_traffic(self, job_id: str, usage: JobUsage, spec: JobSpec | None = None) -> None:
+        """A finished job's traffic, weighed for its family's affinity. ``spec``, where known, spares the reads of
+        a job whose traffic cannot change it (``may_change_affinity``: one pod on one GPU, most inference jobs)."""
+        if spec is not None and not may_change_affinity(spec, self.policy):
+            return
         record = await self.record(job_id)
         if record is None or not usage.pods:
             return

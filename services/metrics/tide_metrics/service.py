@@ -560,7 +560,7 @@ class MetricsService:
                 # after this service, their only writer, changes them) says which, without a read per job
                 await self.feedback.job_succeeded(event.job_id, usage, info.spec if info else None)
             if event.kind in ("succeeded", "failed") and usage is not None:
-                await self.feedback.job_traffic(event.job_id, usage)
+                await self.feedback.job_traffic(event.job_id, usage, info.spec if info else None)
         emit(self.tracer, timeline, event.kind, event.ts,
              {"family": info.family if info else "", "reason": event.reason})
         self.timelines.pop(event.job_id, None)

@@ -256,6 +256,16 @@ def far(a: JobGpu, b: JobGpu) -> bool:
     return a.pcie_switch is not None and b.pcie_switch is not None and a.pcie_switch != b.pcie_switch
 
 
+def may_change_affinity(spec: JobSpec, policy: FeedbackPolicy = FeedbackPolicy()) -> bool:
+    """Could ``after_traffic`` change anything after a job of ``spec`` ran? Only where its pods held more than one
+    GPU in all (a pod without GPUs counts as one place): a lone pod on one GPU has no peer, so none of its
+    traffic is far, and it ran on one node, which leaves every family's affinity as it is (unless the policy
+    calls no traffic at all heavy). The feedback loop then reads and locks nothing for the job."""
+    if policy.traffic_bytes_per_s <= 0:
+        return True
+    return spec.spec.replicas * max(1, spec.spec.template.resources.gpu) > 1
+
+
 def far_traffic_bytes(gpus: Sequence[JobGpu], usage: Iterable[PodBytes]) -> float:
     """A job's bytes that crossed nodes (or PCIe switches without NVLink).
 
