@@ -3,8 +3,8 @@
 - Inventory: ``backend.discover()`` plus labels, published as ``NodeRegistered`` at start, after a
   NATS reconnect, and whenever a re-discovery (every ``TIDE_INVENTORY_S``) finds a change.
 - Heartbeat: a ``Telemetry`` message every ``TIDE_HEARTBEAT_S`` with a sequence number, on
-  ``tide.heartbeat.<id>``; every ``TIDE_TELEMETRY_S`` it carries the GPU samples and per-pod usage instead, on
-  ``tide.telemetry.<id>`` (the subject the TELEMETRY stream keeps and metrics reads).
+  ``tide.heartbeat.<id>``; every ``TIDE_TELEMETRY_S`` the beat also carries the GPU samples and per-pod usage and
+  goes on ``tide.telemetry.<id>`` instead (the subject the TELEMETRY stream keeps and metrics reads).
 - Pods: ``StartPod`` -> resolve MIG instances (creating them if needed), pick CPUs, MPS, runtime
   argv/env, launch; ``PodExited`` with reason, signal, peak GPU memory once it ends. A placer cycle's
   starts for this node come in one ``StartPods`` request (each start keeps its token and expiry); the
