@@ -86,6 +86,8 @@ async def test_killed_placer_and_agent_come_back_and_down_leaves_nothing(
     assert stack.info is not None
     home = stack.home
     before = {name: p.pid for name, p in stack.procs.items()}
+    nats_env = Path(f"/proc/{before['nats']}/environ").read_bytes().split(b"\0")
+    assert b"GOMAXPROCS=1" in nats_env  # NATS on one Go thread beside the services (tide.stack.servers)
     os.kill(before["placer"], signal.SIGKILL)  # crashes the supervisor did not cause
     os.kill(before["agent-node-1"], signal.SIGKILL)
     wait_until(lambda: stack.restarts("placer") == 1 and stack.restarts("agent-node-1") == 1, 30, "restarted")

@@ -54,6 +54,7 @@ from tide.stack.servers import (
     StackError,
     free_port,
     nats_server_binary,
+    nats_server_env,
     redis_config,
     redis_server_binary,
     sentinel_config,
@@ -326,7 +327,7 @@ class Stack:
             + f"http: {json.dumps(f'{HOST}:{monitor}')}\n"
         )
         conf.chmod(0o600)
-        self._spawn("nats", [nats_server_binary(), "-c", str(conf)], {})
+        self._spawn("nats", [nats_server_binary(), "-c", str(conf)], nats_server_env())
         rconf = self.home / "redis" / "redis.conf"
         rconf.write_text(redis_config(redis_port, str(self.home / "redis"), redis_acl_lines(info.passwords), HOST))
         rconf.chmod(0o600)
@@ -351,7 +352,7 @@ class Stack:
             conf.write_text(nats_config(info.ports[name], str(self.home / "nats" / f"store-{i}"), info.passwords,
                                         info.node_ids, HOST, cluster=cluster, tenants=info.tenants))
             conf.chmod(0o600)
-            self._spawn(name, [nats_server_binary(), "-c", str(conf)], {})
+            self._spawn(name, [nats_server_binary(), "-c", str(conf)], nats_server_env())
         acl = redis_acl_lines(info.passwords, ha=True)
         replication = (REPLICATION_USER, info.passwords[REPLICATION_USER])
         primary = info.ports["redis"]

