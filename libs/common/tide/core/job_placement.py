@@ -88,11 +88,13 @@ def place_job(
     exclude = set(exclude)
     if request.kind == "mig" or (gang == 1 and require is None and prefer is None):
         placed = _place_pods(placer, cordoned(cluster, exclude), request, gang, nodes)
-        return _never_fits_first(cluster, request, placed)
+        if isinstance(placed, Unfit) and (never := _never_fits(cluster, request)) is not None:
+            return never
+        return placed
     plan = place_gang(cluster, request, gang, require=require, prefer=prefer, exclude=exclude)
     if isinstance(plan, Unfit):
-        if (reason := never_fits(cluster, request)) is not None:
-            return Unfit(reason, resolvable=False)
+        if (never := _never_fits(cluster, request)) is not None:
+            return never
         empty = place_gang(empty_cluster(nodes), request, gang, require=require, prefer=prefer)
         if isinstance(empty, Unfit):
             return Unfit(f"gang of {gang} x {describe(request)} can never fit: {empty.reason} when empty", False)
@@ -100,14 +102,12 @@ def place_job(
     return [PodPlacement(i, a) for i, a in enumerate(plan.allocations)]
 
 
-def _never_fits_first(cluster: Cluster, request: PodRequest, placed: list[PodPlacement] | Unfit
-                      ) -> list[PodPlacement] | Unfit:
-    """``placed``, unless it is an Unfit and the request could not fit even on the empty cluster: then why not
-    (not resolvable). Asked only when the placement failed: a placement found says the request can fit, and most
-    jobs are placed (a scan of the whole cluster saved per placed job)."""
-    if isinstance(placed, Unfit) and (reason := never_fits(cluster, request)) is not None:
-        return Unfit(reason, resolvable=False)
-    return placed
+def _never_fits(cluster: Cluster, request: PodRequest) -> Unfit | None:
+    """Why the request could not fit even on the empty cluster (not resolvable), or None. Asked only once a
+    placement failed: a placement found says the request can fit, and most jobs are placed (a scan of the whole
+    cluster saved per placed job)."""
+    reason = never_fits(cluster, request)
+    return None if reason is None else Unfit(reason, resolvable=False)
 
 
 def missing_extras(record: JobRecord) -> list[int]:
