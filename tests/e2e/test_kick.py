@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 
 import nats
 from tide import subjects
@@ -81,3 +82,45 @@ async def test_queued_events_kick_the_placer_and_a_cancel_kicks_it(make_stack) -
     finally:
         await client.close()
         await spy.close()
+
+
+def placer_cycles(url: str) -> float:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("tide_placer_cycle_duration_seconds_count"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_while_jobs_come_fast_the_placer_paces_its_cycles(make_stack) -> None:
+    """With a gap (here 0.5 s, at any arrival rate), a stream of jobs is placed in few cycles, each taking the jobs
+    that came meanwhile; unpaced, each job's queued event starts a cycle of its own (tide_placer.pacing)."""
+    stack = make_stack(env={"placer": {"TIDE_PLACER_TICK_S": "60", "TIDE_PLACER_CYCLE_GAP_S": "0.5",
+                                       "TIDE_PLACER_CYCLE_GAP_ABOVE_PER_S": "0"}})
+    info = stack.info
+    assert info is not None
+    (url,) = info.placer_metrics_urls.values()
+    client = await TideClient.connect(info.settings_for("admin"))
+    placed: set[str] = set()
+
+    async def on_placed(msg) -> None:
+        placed.add(JobEvent.model_validate_json(msg.data).job_id)
+
+    try:
+        await client.nc.subscribe("tide.events.job.*.placed", cb=on_placed)
+        await client.nc.flush()
+        await asyncio.sleep(1.0)  # the registrations' cycles are over
+        before = placer_cycles(url)
+        stream = [f"stream-{i}" for i in range(12)]
+        for job_id in stream:  # one every 60 ms: unpaced, a cycle each
+            assert (await client.submit(job("stream", ["sleep", "30"], gpu=1), job_id=job_id)).accepted
+            await asyncio.sleep(0.06)
+        for _ in range(100):
+            if placed >= set(stream):
+                break
+            await asyncio.sleep(0.05)
+        assert placed >= set(stream), sorted(set(stream) - placed)
+        cycles = placer_cycles(url) - before
+        assert 1 <= cycles <= 5, f"{cycles:g} cycles for 12 jobs over ~0.8 s with a 0.5 s gap"
+    finally:
+        await client.close()

@@ -71,6 +71,15 @@ class Settings(BaseSettings):
 
     # placer
     placer_tick_s: float = 1.0
+    placer_cycle_gap_s: float = Field(
+        default=0.06, ge=0.0, le=0.5,
+        description="while jobs come fast (placer_cycle_gap_above_per_s), a kicked cycle starts at least this long "
+                    "after the last one started: fewer, larger cycles, for less CPU per job (tide_placer.pacing); "
+                    "0: each kick at once")
+    placer_cycle_gap_above_per_s: float = Field(
+        default=200.0, ge=0.0,
+        description="the gap holds only while at least this many jobs a second arrived (their queued events, over "
+                    "the last 0.25 s): a trickle of jobs is placed at once; 0: always")
     placer_resync_s: float = Field(default=5.0, description="rebuild the cached cluster view from Redis this often")
     placer_bind_concurrency: int = Field(default=32, description="gangs bound (reserve, start, commit) at once")
     node_lost_after_s: float = Field(default=15.0, description="no heartbeat for this long: the node is lost")

@@ -121,6 +121,7 @@ from tide.store.redis import redis_for
 from tide.tracing import detached_job_span, job_span, stored_parent, trace_headers, traceparent_of
 
 from tide_placer.metrics import PlacerMetrics
+from tide_placer.pacing import CyclePacing
 from tide_placer.view import ClusterView
 
 log = structlog.get_logger()
@@ -187,6 +188,7 @@ class PlacerService:
         self.last_seen: dict[str, float] = {}
         self.started_at = time.time()
         self._kick = asyncio.Event()
+        self._pacing = CyclePacing(settings.placer_cycle_gap_s, settings.placer_cycle_gap_above_per_s)
         self._cycle_lock = asyncio.Lock()
         self._lost_checked_at = 0.0
         self._starting: set[asyncio.Task[None]] = set()  # reserved gangs being started and committed
@@ -350,6 +352,7 @@ class PlacerService:
 
     # ------------------------------------------------------------ triggers
     async def _on_kick(self, msg: Msg) -> None:
+        self._pacing.arrived(time.monotonic())
         self._kick.set()
 
     async def _on_telemetry(self, msg: Msg) -> None:
@@ -372,7 +375,11 @@ class PlacerService:
                     await asyncio.wait_for(self._kick.wait(), timeout=self.settings.placer_tick_s)
                 except TimeoutError:
                     pass
+                wait_s = self._pacing.wait_s(time.monotonic())
+                if wait_s > 0:  # jobs come fast: this cycle takes those that come meanwhile too
+                    await asyncio.sleep(wait_s)
                 self._kick.clear()
+                self._pacing.started(time.monotonic())
                 if self.leading():
                     await self.cycle()
             except FencedOut as exc:
