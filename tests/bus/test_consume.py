@@ -98,11 +98,14 @@ async def test_no_more_than_a_batch_is_in_hand_while_the_handler_is_slow(nats_ur
 
 async def _overlapping_handlers(url: str, durable: str, linger_s: float,
                                 linger_above_per_s: float = 0.0) -> tuple[list[str], bool]:
-    """Two messages published 50 ms apart to a consumer with ``linger_s``: whether the first one's handler was
-    still running when the second one's started (they were handled as one batch: different keys run at once)."""
+    """Two messages published 50 ms apart (by another client, as submitters are) to a consumer with ``linger_s``:
+    whether the first one's handler was still running when the second one's started (they were handled as one
+    batch: different keys run at once)."""
     nc = await nats.connect(url)
     js = nc.jetstream()
     await ensure_streams(js)
+    pub = await nats.connect(url)
+    pub_js = pub.jetstream()
     handled: list[str] = []
     second_started = asyncio.Event()
     overlapped: list[bool] = []
@@ -126,15 +129,51 @@ async def _overlapping_handlers(url: str, durable: str, linger_s: float,
     async with consuming(js, durable, handler, order_key=key, linger_s=linger_s,
                          linger_above_per_s=linger_above_per_s):
         await asyncio.sleep(0.2)
-        await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="first"))
+        await publish(pub_js, subjects.JOB_CANCEL, CancelJob(job_id="first"))
         await asyncio.sleep(0.05)
-        await publish(js, subjects.JOB_CANCEL, CancelJob(job_id="second"))
+        await publish(pub_js, subjects.JOB_CANCEL, CancelJob(job_id="second"))
         for _ in range(100):
             if len(handled) == 2:
                 break
             await asyncio.sleep(0.02)
+    await pub.close()
     await nc.close()
     return handled, overlapped == [True]
+
+
+async def test_a_linger_does_not_read_the_socket_until_it_ends(nats_url: str) -> None:  # noqa: F811
+    """While a consumer lingers, its connection's socket is not read: what comes meanwhile (here a reply to a
+    request on the same connection) is read in one go when the linger ends, instead of waking the process once per
+    message. Read as it came, the reply would take milliseconds."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js)
+    other = await nats.connect(nats_url)
+
+    async def respond(msg) -> None:
+        await msg.respond(b"pong")
+
+    await other.subscribe("linger.ping", cb=respond)
+    await other.flush()
+    handled = asyncio.Event()
+
+    async def handler(msg) -> None:
+        handled.set()
+        await msg.ack()
+
+    async with consuming(js, "quiet", handler, linger_s=0.6):
+        await asyncio.sleep(0.2)
+        await publish(other.jetstream(), subjects.JOB_CANCEL, CancelJob(job_id="start-a-linger"))
+        await asyncio.sleep(0.1)  # the consumer is lingering now
+        assert not handled.is_set()
+        asked = asyncio.get_running_loop().time()
+        reply = await nc.request("linger.ping", b"ping", timeout=3)
+        waited = asyncio.get_running_loop().time() - asked
+        assert reply.data == b"pong"
+        assert waited > 0.25, f"the reply was read {waited * 1000:.0f} ms after the request, during the linger"
+        await asyncio.wait_for(handled.wait(), timeout=2)
+    await other.close()
+    await nc.close()
 
 
 async def test_a_linger_handles_messages_that_come_close_together_as_one_batch(nats_url: str) -> None:  # noqa: F811

@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import nats
 import structlog
@@ -308,6 +308,29 @@ PULL_EXPIRES_S = 1.0
 second per consumer, and a consumer that stops leaves a request behind for at most this long."""
 
 
+class Readable(Protocol):
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+
+def socket_transport(nc: NATS) -> Readable | None:
+    """The asyncio transport under the connection's socket now (a new one after each reconnect), or None while
+    it has none (connecting, reconnecting, closed, or a nats-py that keeps it elsewhere: then it is read as
+    usual)."""
+    writer: Any = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is None or not hasattr(transport, "pause_reading"):
+        return None
+    return transport  # type: ignore[no-any-return]
+
+
+LINGER_READ_S = 0.003
+"""How long before a linger ends the consumer's socket is read again (``_linger``)."""
+
+
 ARRIVAL_WINDOW_S = 0.25
 """How far back ``consume`` looks to tell how fast messages come (``linger_above_per_s``)."""
 
@@ -364,7 +387,8 @@ async def consume(
     messages that come close together are then handled together (one Redis call and one event batch for all,
     and one wake-up of each service downstream instead of one per message). With ``linger_above_per_s`` it
     lingers only while messages came at least that fast (over the last ``ARRIVAL_WINDOW_S``): a slow trickle,
-    which a linger would only delay, is handled at once.
+    which a linger would only delay, is handled at once. While it lingers the connection's socket is not read
+    (``_linger``): the messages that come meanwhile are read together near its end, one wake-up for all of them.
     """
     config = ConsumerConfig(
         durable_name=cdef.durable,
@@ -404,7 +428,7 @@ async def consume(
                 except TimeoutError:
                     continue
                 if linger_s > 0 and arrived.qsize() + 1 < owed and recent.per_s() >= linger_above_per_s:
-                    await asyncio.sleep(linger_s)  # the request may bring more, and they come fast: gather them
+                    await _linger(nc, linger_s)  # the request may bring more, and they come fast: gather them
             except Exception as exc:  # server away or consumer lost: back off and rebuild
                 log.warning("consume_error", consumer=cdef.durable, error=repr(exc))
                 await _unsubscribe(inbox_sub)
@@ -436,6 +460,26 @@ async def consume(
                     await msg.nak()
                 except Exception:  # noqa: BLE001 - redelivered after the ack wait instead
                     pass
+
+
+async def _linger(nc: NATS, linger_s: float) -> None:
+    """Wait ``linger_s``, most of it without reading ``nc``'s socket: what comes meanwhile stays in the kernel's
+    buffer and is read in one go (``tide.bus.paced``), instead of waking the process once per message. Reading
+    resumes ``LINGER_READ_S`` (at most a quarter of the linger) before its end, so what was kept is read and
+    handed to the consumer in time for the batch (what is not joins the next one). The consumer's handlers are
+    all done by then; another user of the connection waits as long for what comes to it (a reply)."""
+    transport = socket_transport(nc)
+    if transport is None or transport.is_closing():
+        await asyncio.sleep(linger_s)
+        return
+    reading_s = min(LINGER_READ_S, linger_s / 4)
+    transport.pause_reading()
+    try:
+        await asyncio.sleep(linger_s - reading_s)
+    finally:
+        if not transport.is_closing():
+            transport.resume_reading()
+    await asyncio.sleep(reading_s)
 
 
 def _drain(arrived: asyncio.Queue[Msg]) -> list[Msg]:

@@ -14,36 +14,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
 
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from tide.bus.nats import close_nats, connect
+from tide.bus.nats import Readable, close_nats, connect, socket_transport
 from tide.settings import Settings
 
 log = structlog.get_logger()
-
-
-class _Readable(Protocol):
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-    def is_closing(self) -> bool: ...
-
-
-def socket_transport(nc: NATS) -> _Readable | None:
-    """The asyncio transport under the connection's socket now (a new one after each reconnect), or None while
-    it has none (connecting, reconnecting, closed, or a nats-py that keeps it elsewhere: then it is read as
-    usual)."""
-    writer: Any = getattr(getattr(nc, "_transport", None), "_io_writer", None)
-    transport = getattr(writer, "transport", None)
-    if transport is None or not hasattr(transport, "pause_reading"):
-        return None
-    return transport  # type: ignore[no-any-return]
 
 
 class PacedReading:
@@ -54,7 +34,7 @@ class PacedReading:
 
     def __init__(self, nc: NATS, interval_s: float) -> None:
         self.nc, self.interval_s = nc, interval_s
-        self._paused: _Readable | None = None
+        self._paused: Readable | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._stopped = interval_s <= 0
         self.pauses = 0  # how many times reading stopped (tests)
