@@ -380,7 +380,10 @@ async def main_async(args: argparse.Namespace) -> dict:
                 await asyncio.sleep(0.5)
             await admin.close()
             pids = {name: p.pid for name, p in stack.procs.items()}
-            await asyncio.sleep(2)  # registrations settle
+            # registrations settle, and metrics' first poll after them (its one read of every node's description,
+            # ~0.2 s of CPU at 1,000 nodes) is over: before, it fell into the idle window below and put ~0.035 of
+            # a core of one-off work in metrics' idle figure, which the net-of-idle figures then subtracted
+            await asyncio.sleep(2 + args.metrics_poll_s)
             # the 1,000 simulated agents and their connections live to the end: out of this process's full
             # garbage collections, which otherwise stalled the load generator and the observer for 60-350 ms
             gc.collect()
