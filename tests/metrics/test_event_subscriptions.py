@@ -13,6 +13,7 @@ from tide import subjects
 from tide.bus.nats import ensure_streams
 from tide.events import EventPublisher
 from tide.schemas.events import JobEventDigest, JobRecord
+from tide.schemas.feedback import family_of
 from tide.schemas.job import JobSpec
 from tide.settings import Settings
 from tide_metrics.service import MetricsService
@@ -89,6 +90,8 @@ async def test_progress_and_success_reach_metrics_in_one_digest_and_failures_onl
         assert [(e.job_id, e.kind) for e in digests[0].events] == [
             ("a", "queued"), ("a", "placed"), ("a", "running"), ("a", "succeeded"),
             ("b", "queued"), ("b", "placed"), ("b", "running")], "in order, no failure"
+        family = family_of(record("a").spec)
+        assert {(e.gang, e.family) for e in digests[0].events} == {(1, family)}, "what metrics needs of the job"
         assert sorted(ended) == [("a", "succeeded"), ("b", "failed")], "each ending handled once"
         assert timelines["a"] == {"queued", "placed", "running", "succeeded"}, "a success after its progress"
         consumer = await js.consumer_info("EVENTS", subjects.METRICS_EVENTS.durable)

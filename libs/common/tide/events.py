@@ -15,6 +15,7 @@ from nats.js import JetStreamContext
 from tide import subjects
 from tide.bus.nats import BATCH_DISABLED, BATCH_MAX, BATCH_UNKNOWN, BatchRefused, FastBatches, publish
 from tide.schemas.events import JobEvent, JobEventDigest, JobRecord, JobState
+from tide.schemas.feedback import family_of
 from tide.subjects import job_event
 from tide.tracing import trace_headers
 
@@ -92,6 +93,8 @@ class EventPublisher:
             queue=record.spec.metadata.queue,
             priority_class=record.spec.metadata.priority_class.value,
             wait_s=wait_s,
+            gang=record.spec.spec.gang_size,
+            family=family_of(record.spec),
         )
         await self._store(job_event(record.job_id, kind), event)
         if kind in subjects.DIGEST_EVENT_KINDS:

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +116,7 @@ class MetricsService:
         self.max_clock: dict[tuple[str, int], float] = {}
         self.last_xid: dict[tuple[str, int], int] = {}  # (node, gpu) -> the last XID seen
         self.xid_counts: dict[tuple[str, int, int], int] = {}  # (node, gpu, xid) -> times seen
+        self.event_counts: dict[tuple[str, str, str], int] = {}  # (kind, queue, priority class) -> job events
         self.guarantees = self._load_guarantees()
         self.tracer = trace.get_tracer("tide.metrics")
 
@@ -168,7 +169,10 @@ class MetricsService:
         self.weights_changed = True
 
     def _instruments(self, meter: Any) -> None:
-        self.job_events = meter.create_counter("tide_job_events", unit="1", description="job lifecycle events")
+        # counted here and observed at each collection: an OpenTelemetry counter's add per event (its attributes
+        # hashed and checked each time) cost more than the rest of an event's handling (issue 17)
+        meter.create_observable_counter("tide_job_events", [self._event_counts], unit="1",
+                                        description="job lifecycle events")
         self.queue_wait = meter.create_histogram(
             "tide_queue_wait", unit="s", description="submission to placement, per queue and priority class",
             explicit_bucket_boundaries_advisory=WAIT_BUCKETS_S)
@@ -273,6 +277,10 @@ class MetricsService:
             return []
         return [Observation(int(p.get("restarts", 0)), {"process": str(p["name"])})
                 for p in document.get("processes", []) if "name" in p]
+
+    def _event_counts(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {"kind": kind, "queue": queue, "priority_class": pc})
+                for (kind, queue, pc), n in list(self.event_counts.items())]
 
     def _xid_errors(self, options: CallbackOptions) -> Iterable[Observation]:
         pools = self.snapshot.pools
@@ -508,14 +516,27 @@ class MetricsService:
 
     def _follow(self, event: JobEvent) -> None:
         """A progress event, handled after the job's previous events (its timeline), concurrently with other
-        jobs'."""
+        jobs'. What needs no I/O (most events: counting and timing) is handled at once, without a task, unless
+        an earlier event of the job is still being handled."""
         previous = self._event_tails.get(event.job_id)
+        if previous is None:
+            try:
+                rest = self._count(event)
+            except Exception as exc:  # noqa: BLE001 - a counter missed; the next event goes on
+                log.warning("event_not_handled", job_id=event.job_id, kind=event.kind, error=repr(exc))
+                return
+            if rest is None:
+                return
+        else:
+            rest = None
 
         async def handle() -> None:
-            if previous is not None:
-                await asyncio.wait([previous])
             try:
-                await self.handle_event(event)
+                if rest is not None:
+                    await rest
+                else:
+                    await asyncio.wait([previous])
+                    await self.handle_event(event)
             except Exception as exc:  # noqa: BLE001 - a counter missed; the next event goes on
                 log.warning("event_not_handled", job_id=event.job_id, kind=event.kind, error=repr(exc))
             finally:
@@ -526,18 +547,28 @@ class MetricsService:
         self._event_tails[event.job_id] = task
 
     async def handle_event(self, event: JobEvent) -> None:
+        rest = self._count(event)
+        if rest is not None:
+            await rest
+
+    def _count(self, event: JobEvent) -> Coroutine[Any, Any, None] | None:
+        """Count and time ``event`` (no I/O); the rest of its handling, which reads or writes, or None when
+        there is none: the end of the job (``_job_ended``), or the gang wait of a 'placed' event that does not
+        carry its gang size (a publisher older than ``JobEvent.gang``)."""
         queue, pc = event.queue or "", event.priority_class or ""
         attrs = {"queue": queue, "priority_class": pc}
         if queue:
             self._know_queue(queue, pc)
-        self.job_events.add(1, {"kind": event.kind, **attrs})
+        key = (event.kind, queue, pc)
+        self.event_counts[key] = self.event_counts.get(key, 0) + 1
         timeline = self.timelines.setdefault(event.job_id, Timeline(event.job_id, queue, pc))
         placed_before = timeline.last.get("placed")
         timeline.add(event.kind, event.ts, event.reason)
         if event.kind == "placed" and event.wait_s is not None:
             self.queue_wait.record(event.wait_s, attrs)
-            info = await self.job_info(event.job_id)
-            if info is not None and info.gang > 1:
+            if event.gang is None:
+                return self._gang_wait_read(event.job_id, event.wait_s, attrs)
+            if event.gang > 1:
                 self.gang_wait.record(event.wait_s, attrs)
         elif event.kind == "running" and placed_before is not None:
             self.placement_latency.record(max(0.0, event.ts - placed_before), attrs)
@@ -547,22 +578,31 @@ class MetricsService:
                 event.kind == "failed" and event.pod is not None and OOM_REASON.search(event.reason)):
             self.ooms.add(1, attrs)  # a one-pod job's terminal event carries its pod's exit (no pod-exited)
         if event.kind in TERMINAL_KINDS:
-            await self._job_ended(event, timeline)
+            return self._job_ended(event, timeline)
+        return None
+
+    async def _gang_wait_read(self, job_id: str, wait_s: float, attrs: dict[str, str]) -> None:
+        info = await self.job_info(job_id)
+        if info is not None and info.gang > 1:
+            self.gang_wait.record(wait_s, attrs)
 
     async def _job_ended(self, event: JobEvent, timeline: Timeline) -> None:
-        info = await self.job_info(event.job_id)
+        """The feedback loop's part of a job's end, and its trace. The job's family comes with the event; its
+        spec is read (``job_info``) only where the feedback needs it: a job with usage samples (its traffic) or
+        an event without a family (a publisher older than ``JobEvent.family``)."""
         usage = self.usage.get(event.job_id)
+        info = await self.job_info(event.job_id) if event.family is None or usage is not None else None
+        family = event.family if event.family is not None else (info.family if info else None)
         if self.settings.feedback_enabled:
             if event.kind == "failed" and "OOM" in event.reason:
                 await self.feedback.job_failed_oom(event.job_id, usage)
-            elif event.kind == "succeeded" and (info is None or info.family in self.snapshot.weights):
+            elif event.kind == "succeeded" and (family is None or family in self.snapshot.weights):
                 # a clean run only decays a family that has weights: the snapshot (read every poll, and at once
                 # after this service, their only writer, changes them) says which, without a read per job
                 await self.feedback.job_succeeded(event.job_id, usage, info.spec if info else None)
             if event.kind in ("succeeded", "failed") and usage is not None:
                 await self.feedback.job_traffic(event.job_id, usage, info.spec if info else None)
-        emit(self.tracer, timeline, event.kind, event.ts,
-             {"family": info.family if info else "", "reason": event.reason})
+        emit(self.tracer, timeline, event.kind, event.ts, {"family": family or "", "reason": event.reason})
         self.timelines.pop(event.job_id, None)
         self.usage.pop(event.job_id, None)
         if self.weights_changed:  # the poll reads them anyway; this only makes a change visible at once

@@ -145,6 +145,9 @@ class JobEvent(Message):
     queue: str | None = None
     priority_class: str | None = None
     wait_s: float | None = None
+    gang: int | None = Field(default=None, description="the job's gang size (minMember, else replicas)")
+    family: str | None = Field(default=None, description="the job's family, the feedback loop's key: its 'family' "
+                               "label, else a digest of its command")
 
 
 class JobEventDigest(Message):
