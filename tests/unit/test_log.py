@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 from opentelemetry.sdk.trace import TracerProvider
-from tide.log import StderrHandler, configure_logging
+from tide.log import JsonLineRenderer, StderrHandler, configure_logging
 
 COMMON = {"event", "level", "timestamp", "service"}
 
@@ -99,3 +99,19 @@ def test_each_line_is_one_write_with_its_newline(json_logging: None, monkeypatch
     logging.getLogger("redis").warning("retrying")
     assert len(stream.calls) == 2 and all(call.endswith("}\n") for call in stream.calls)
     assert [json.loads(call)["event"] for call in stream.calls] == ["placed", "retrying"]
+
+
+class _Custom:
+    def __structlog__(self) -> str:
+        return "custom!"
+
+
+def test_lines_are_what_structlogs_json_renderer_writes() -> None:
+    """The kept encoder changes nothing in the lines: the same JSON, the same fallbacks for what JSON cannot
+    hold, the same escapes."""
+    event = {"event": "placed", "job_id": "j\u00e9\"1", "pods": [0, 1], "ratio": 0.5, "none": None,
+             "path": __import__("pathlib").Path("/x"), "custom": _Custom(), "nested": {"set": {1}}}
+    ours = JsonLineRenderer()(None, "info", dict(event))
+    theirs = structlog.processors.JSONRenderer()(None, "info", dict(event))
+    assert ours == theirs
+    assert json.loads(ours)["custom"] == "custom!" and json.loads(ours)["path"] == "PosixPath('/x')"

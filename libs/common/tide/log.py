@@ -8,6 +8,7 @@ same processors and the same renderer, so a service's log is one stream of lines
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -49,6 +50,24 @@ class StderrHandler(logging.Handler):
             self.handleError(record)
 
 
+def _fallback(obj: object) -> Any:
+    """What JSON cannot hold, as structlog's ``JSONRenderer`` writes it: ``__structlog__()`` where defined, else
+    ``repr``."""
+    custom = getattr(obj, "__structlog__", None)
+    return custom() if callable(custom) else repr(obj)
+
+
+class JsonLineRenderer:
+    """The lines structlog's ``JSONRenderer`` writes, with one encoder kept: ``json.dumps`` given a ``default``
+    builds an encoder on each call, half of the renderer's time (5 us a line; a service logs a few lines a job)."""
+
+    def __init__(self) -> None:
+        self._encode = json.JSONEncoder(default=_fallback).encode
+
+    def __call__(self, _logger: object, _name: str, event: MutableMapping[str, Any]) -> str:
+        return self._encode(event)
+
+
 def add_trace_context(_logger: object, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """``trace_id`` and ``span_id`` (hex, as OTLP backends show them) of the current OpenTelemetry span."""
     ctx = trace.get_current_span().get_span_context()
@@ -60,7 +79,7 @@ def add_trace_context(_logger: object, _name: str, event: MutableMapping[str, An
 
 def configure_logging(service: str, fmt: str = "json", level: str = "info") -> structlog.stdlib.BoundLogger:
     renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+        structlog.dev.ConsoleRenderer() if fmt == "console" else JsonLineRenderer()
     )
     numeric_level = logging.getLevelName(level.upper())
 
