@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
+from tide import tracing
 from tide.schemas.events import JobEvent, JobRecord, JobState
 from tide.schemas.feedback import family_of
 from tide.schemas.job import JobSpec
@@ -112,3 +117,20 @@ async def test_progress_is_handled_at_once_and_an_end_in_a_task_the_next_event_w
     counts = {p.attributes["kind"]: p.value for p in points(reader, "tide_job_events")}
     assert counts == {"queued": 1, "placed": 1, "failed": 1, "cancelled": 1}
     assert svc._event_tails == {}
+
+
+async def test_a_job_s_trace_is_built_only_where_spans_are_exported(redis: Redis,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    await redis.flushdb()
+    svc, _, _ = service(redis)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    svc.tracer = provider.get_tracer("test")
+    for wanted, job_id in ((False, "quiet"), (True, "traced")):
+        monkeypatch.setattr(tracing, "_spans_wanted", wanted)
+        for kind in ("queued", "placed", "running", "succeeded"):
+            await svc.handle_event(event(job_id, kind, gang=1, family="f", wait_s=1.0))
+    spans = exporter.get_finished_spans()
+    assert {s.attributes["tide.job_id"] for s in spans} == {"traced"}
+    assert {s.name for s in spans} == {"job", "job.wait", "job.start", "job.run"}

@@ -50,6 +50,12 @@ def configure_tracing(service: str, otlp_endpoint: str | None) -> trace.Tracer:
     return trace.get_tracer(f"tide.{service}")
 
 
+def spans_wanted() -> bool:
+    """Whether spans are exported (``configure_tracing`` found an endpoint, or was not called): without, a span
+    is not worth building."""
+    return _spans_wanted
+
+
 @contextmanager
 def job_span(tracer: trace.Tracer, name: str, job_id: str | None, **attrs: object) -> Iterator[trace.Span]:
     """A span carrying ``tide.job_id`` so a job's path can be followed across services."""
