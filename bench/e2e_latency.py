@@ -94,7 +94,8 @@ class SimAgent:
         beat = Telemetry(node_id=node_id, running_pods=len(self.running), seq=self.seq, heartbeat_s=HEARTBEAT_S,
                          gpus=self.samples() if sampled else [], pods=self.usage() if sampled else [])
         await self.nc.publish(subjects.telemetry(node_id) if sampled else subjects.heartbeat(node_id),
-                              beat.to_bytes(), headers={subjects.PODS_HEADER: ",".join(sorted(self.running))})
+                              beat.to_bytes(), headers={subjects.PODS_HEADER: ",".join(sorted(self.running)),
+                                                        subjects.PODS_AT_HEADER: repr(time.time())})
         if self.transitions:
             items, self.transitions = self.transitions, []
             report = transitions_to_report(items, self.answered)

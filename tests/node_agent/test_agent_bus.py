@@ -59,10 +59,14 @@ async def test_agent_heartbeats_runs_pods_and_dies_with_them(nats_url: str, tmp_
         for item in getattr(message, "items", None) or [message]:  # pod transitions come batched per heartbeat
             await status.put(item)
 
+    listed: dict[int, tuple[set[str], float]] = {}  # a beat's seq -> its pods header and when it was taken
+
     async def on_beat(msg) -> None:
         beat = Telemetry.model_validate_json(msg.data)
         beats.append((time.monotonic(), beat))
         subject_of[beat.seq] = msg.subject
+        listed[beat.seq] = ({p for p in msg.headers[subjects.PODS_HEADER].split(",") if p},
+                            float(msg.headers[subjects.PODS_AT_HEADER]))
 
     await nc.subscribe(subjects.node_status(NODE), cb=on_status)
     await nc.subscribe(subjects.telemetry(NODE), cb=on_beat)
@@ -115,6 +119,11 @@ async def test_agent_heartbeats_runs_pods_and_dies_with_them(nats_url: str, tmp_
         assert {subject_of[t.seq] for t in with_gpus} == {subjects.telemetry(NODE)}
         assert {subject_of[t.seq] for _, t in beats if not t.gpus} == {subjects.heartbeat(NODE)}
         assert any(t.running_pods == 1 and t.pods and t.pods[0].job_id == "long" for t in with_gpus)
+        # each beat says when its pods list was taken (as it was sent); a list taken after a pod's reported exit
+        # never lists it, so the placer may judge a list read late by the exits reported after it
+        assert all(abs(listed[t.seq][1] - t.ts) < 0.5 for _, t in beats)
+        assert all(at < quick[-1].ts for pods, at in listed.values() if "quick/quick-0" in pods)
+        assert any("long/long-0" in pods for pods, _ in listed.values())
 
         agent.send_signal(signal.SIGKILL)
         agent.wait(timeout=5)

@@ -129,6 +129,9 @@ def heartbeat_node(subject: str) -> str | None:
 PODS_HEADER = "Tide-Pods"
 """Heartbeat header: the pods the agent runs, ``<job>/<pod>.a<attempt>`` comma-separated (the placer reads
 it without parsing the body, and stops any pod whose attempt is not the job's current one)."""
+PODS_AT_HEADER = "Tide-Pods-At"
+"""Heartbeat header: when the agent took its ``PODS_HEADER`` list (Unix seconds, its clock), so that a pod whose exit
+it reported after that is not judged by the list (``tide_placer.reports``)."""
 
 
 # Feedback loop output

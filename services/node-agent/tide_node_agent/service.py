@@ -371,7 +371,8 @@ class NodeAgent:
         # heartbeat subject (the placer's liveness only)
         subject = subjects.telemetry(self.node_id) if sampled else subjects.heartbeat(self.node_id)
         await self.nc.publish(subject, telemetry.to_bytes(),
-                              headers={subjects.PODS_HEADER: ",".join(sorted(self.pods))})
+                              headers={subjects.PODS_HEADER: ",".join(sorted(self.pods)),
+                                       subjects.PODS_AT_HEADER: repr(time.time())})
         await self._renew()
         await self._flush_in_background()
         if now - self._last_inventory >= self.settings.inventory_s:

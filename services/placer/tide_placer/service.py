@@ -122,6 +122,7 @@ from tide.tracing import detached_job_span, job_span, stored_parent, trace_heade
 
 from tide_placer.metrics import PlacerMetrics
 from tide_placer.pacing import CyclePacing
+from tide_placer.reports import ExitReports, listed_at
 from tide_placer.view import ClusterView
 
 log = structlog.get_logger()
@@ -195,6 +196,8 @@ class PlacerService:
         # fencing: what each agent's last heartbeat says it runs ('<job>/<pod>.a<attempt>'), the nodes
         # whose report changed since it was checked, and when a stale pod was last told to stop
         self.reported: dict[str, frozenset[str]] = {}
+        self.reported_at: dict[str, float | None] = {}  # when the agent took that list (its clock; None: unsaid)
+        self.exit_reports = ExitReports()  # exits the agents reported: not judged by a list taken before them
         self._fence_dirty: set[str] = set()
         self._fence_swept_at = 0.0
         self._fence_sent: dict[str, float] = {}
@@ -361,9 +364,11 @@ class PlacerService:
         node_id = subjects.heartbeat_node(msg.subject)
         if node_id is not None:
             self.last_seen[node_id] = time.time()
-            header = (msg.headers or {}).get(subjects.PODS_HEADER)
+            headers = msg.headers or {}
+            header = headers.get(subjects.PODS_HEADER)
             if header is not None:
                 pods = frozenset(p for p in header.split(",") if p)
+                self.reported_at[node_id] = listed_at(headers.get(subjects.PODS_AT_HEADER))
                 if pods != self.reported.get(node_id):
                     self.reported[node_id] = pods
                     self._fence_dirty.add(node_id)
@@ -1270,6 +1275,7 @@ class PlacerService:
                 reason=ExitReason.LOST, message="node agent restarted without it"))
         # ... and pods the agent runs that are not the current attempt of their job are stopped.
         self.reported[node.node_id] = frozenset(running)
+        self.reported_at[node.node_id] = reg.ts  # the list's time: the registration's, on the agent's clock
         if await self._fence_node(node.node_id, running, fresh=True) and was_lost:
             await self.redis.sadd(keys.LOST_NODES, node.node_id)  # back once its heartbeats show it fenced
         self._kick.set()
@@ -1371,7 +1377,8 @@ class PlacerService:
             nodes = {n for n in self._fence_dirty if n in self.reported}  # not a set of every node per cycle
         self._fence_dirty -= nodes
         for node_id in sorted(nodes):
-            await self._fence_node(node_id, self.reported[node_id])
+            await self._fence_node(node_id, self.exit_reports.still_listed(
+                node_id, self.reported[node_id], self.reported_at.get(node_id)))
 
     async def _fence_node(self, node_id: str, pods: frozenset[str] | set[str], fresh: bool = False) -> list[str]:
         """Stop the stale pods among ``pods`` (as an agent reports them) on a node; returns their keys.
@@ -1430,6 +1437,8 @@ class PlacerService:
         await self._started_events(record, [(pod, started.node_id)], bool(turned and turned[-1]))
 
     async def _pod_exited(self, exited: PodExited) -> None:
+        if exited.reason != ExitReason.LOST:  # its agent said so: a heartbeat list from before is out of date
+            self.exit_reports.note(exited.node_id, f"{exited.job_id}/{exited.pod}", exited.ts, time.monotonic())
         pod, attempt = parse_agent_pod_id(exited.pod)
         record = self.view.record(exited.job_id)
         if exited.reason == ExitReason.LOST or not accepts_exit(record, pod, attempt, exited.node_id):
