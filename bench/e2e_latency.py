@@ -126,7 +126,7 @@ class SimAgent:
         elif isinstance(command, StartPod):
             await msg.respond(self.start_pod(command).model_dump_json().encode())
             self.told({f"{command.job_id}/{command.pod}"})
-        else:
+        elif msg.reply:  # a stop the placer only tells (fencing) has no reply subject
             await msg.respond(CommandAck(ok=True).model_dump_json().encode())
 
     def told(self, keys: set[str]) -> None:
