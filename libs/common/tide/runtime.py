@@ -21,6 +21,15 @@ class Service(Protocol):
     async def close(self) -> None: ...
 
 
+async def concurrently(aws: list[Awaitable[object]]) -> None:
+    """Await ``aws`` concurrently (``asyncio.gather``: the first exception propagates); one alone is awaited in
+    place, without a task of its own (most message batches a consumer takes at a time hold one group)."""
+    if len(aws) == 1:
+        await aws[0]
+    elif aws:
+        await asyncio.gather(*aws)
+
+
 def run_service(name: str, factory: Callable[[Settings], Service]) -> None:
     """Run a service until SIGTERM/SIGINT, then drain and close it."""
     settings = Settings()

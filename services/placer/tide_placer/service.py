@@ -77,6 +77,7 @@ from tide.core.queues import (
 )
 from tide.core.tides import TideRule, parse_tides
 from tide.events import EventPublisher
+from tide.runtime import concurrently
 from tide.schemas.events import (
     NODE_STATUS,
     POD_DONE_STATES,
@@ -1232,7 +1233,7 @@ class PlacerService:
             for item in job_items:
                 await self._pod_transition(item)
 
-        await asyncio.gather(*[in_order(job_items) for job_items in by_job.values()])
+        await concurrently([in_order(job_items) for job_items in by_job.values()])
 
     async def _pod_transition(self, status: PodStarted | PodExited) -> None:
         if isinstance(status, PodStarted):

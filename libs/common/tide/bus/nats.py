@@ -21,6 +21,7 @@ from nats.js.errors import NotFoundError
 from redis import exceptions as redis_errors
 
 from tide.bus.dead_letters import MAX_BODY, DeadLetter, describe_error, job_id_of
+from tide.runtime import concurrently
 from tide.schemas.events import Message
 from tide.settings import Settings
 from tide.store.claims import FencedOut
@@ -451,7 +452,7 @@ async def consume(
             groups: dict[str, list[Msg]] = {}
             for i, msg in enumerate(msgs):
                 groups.setdefault(_key(order_key, msg) if order_key else str(i // len(msgs)), []).append(msg)
-            await asyncio.gather(*[_handle_in_order(js, cdef, handler, group) for group in groups.values()])
+            await concurrently([_handle_in_order(js, cdef, handler, group) for group in groups.values()])
     finally:
         await _unsubscribe(inbox_sub)
         for msg in _drain(arrived):  # came after the stop: redelivered now to whoever consumes next
