@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from tide.schemas.node import GpuDescription, NodeDescription
 
@@ -24,3 +25,16 @@ def job(name: str, command: list[str], replicas: int = 1, **resources: object) -
 
 def py(code: str) -> list[str]:
     return [PY, "-c", code]
+
+
+def count_mgets(redis: Any) -> list[list[str]]:
+    """The keys of each MGET made on ``redis`` from now on (the list fills as they are made)."""
+    reads: list[list[str]] = []
+    real_mget = redis.mget
+
+    async def counted_mget(names: list[str]) -> list[str | None]:
+        reads.append(list(names))
+        return await real_mget(names)
+
+    redis.mget = counted_mget
+    return reads

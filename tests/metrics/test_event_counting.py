@@ -21,7 +21,7 @@ from tide.settings import Settings
 from tide.store import keys
 from tide_metrics.service import MetricsService
 
-from tests.helpers import job
+from tests.helpers import count_mgets, job
 
 
 def service(redis: Redis) -> tuple[MetricsService, InMemoryMetricReader, list[list[str]]]:
@@ -30,15 +30,7 @@ def service(redis: Redis) -> tuple[MetricsService, InMemoryMetricReader, list[li
     reader = InMemoryMetricReader()
     svc._instruments(MeterProvider(metric_readers=[reader]).get_meter("test"))
     svc.redis = redis
-    reads: list[list[str]] = []
-    real_mget = redis.mget
-
-    async def counted_mget(names: list[str]) -> list[str | None]:
-        reads.append(list(names))
-        return await real_mget(names)
-
-    redis.mget = counted_mget  # type: ignore[method-assign]
-    return svc, reader, reads
+    return svc, reader, count_mgets(redis)
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list[Any]:

@@ -13,7 +13,7 @@ from tide.settings import Settings
 from tide.store import keys
 from tide_metrics.service import MetricsService
 
-from tests.helpers import job
+from tests.helpers import count_mgets, job
 
 
 async def test_one_turn_s_jobs_are_read_in_one_round_trip_and_kept(redis: Redis) -> None:
@@ -25,14 +25,7 @@ async def test_one_turn_s_jobs_are_read_in_one_round_trip_and_kept(redis: Redis)
     svc = MetricsService(Settings())
     svc._instruments(MeterProvider().get_meter("test"))
     svc.redis = redis
-    reads: list[list[str]] = []
-    real_mget = redis.mget
-
-    async def counted_mget(names: list[str]) -> list[str | None]:
-        reads.append(list(names))
-        return await real_mget(names)
-
-    redis.mget = counted_mget  # type: ignore[method-assign]
+    reads = count_mgets(redis)
     a, b, missing = await asyncio.gather(svc.job_info("a"), svc.job_info("b"), svc.job_info("gone"))
     assert reads == [[keys.job("a"), keys.job("b"), keys.job("gone")]]
     assert a is not None and b is not None and missing is None
