@@ -70,6 +70,7 @@ from tide.core.lifecycle import (
     reserve_extras,
     rollback,
     rollback_extras,
+    transition_key,
 )
 from tide.core.queue_order import pending_score
 from tide.core.queues import (
@@ -1439,7 +1440,7 @@ class PlacerService:
 
     async def _pod_exited(self, exited: PodExited) -> None:
         if exited.reason != ExitReason.LOST:  # its agent said so: a heartbeat list from before is out of date
-            self.exit_reports.note(exited.node_id, f"{exited.job_id}/{exited.pod}", exited.ts, time.monotonic())
+            self.exit_reports.note(exited.node_id, transition_key(exited), exited.ts, time.monotonic())
         pod, attempt = parse_agent_pod_id(exited.pod)
         record = self.view.record(exited.job_id)
         if exited.reason == ExitReason.LOST or not accepts_exit(record, pod, attempt, exited.node_id):
