@@ -67,6 +67,7 @@ from tide.sim.simulator import inflate_workload  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_RATIO = 0.75  # the issue's target: unallocated share at most 75% of FGD's
+RESTATED_MARGIN = 0.5  # ... or, where the bound makes that impossible, within this many points of the bound
 # FGD's published means (ATC'23), the figure the issue's target was stated against
 FGD_PUBLISHED = {"default": 95.2, "gpushare40": 94.0, "gpushare60": 91.3, "multigpu20": 95.5, "multigpu30": 96.4,
                  "multigpu40": 96.9, "gpuspec10": 94.7, "gpuspec20": 94.7, "gpuspec25": 93.9, "cpu050": 95.0,
@@ -214,6 +215,12 @@ def bound(nodes, arrived: list[PodRequest], capacity: int, max_iter: int = 200) 
     }
 
 
+def restated_target(target: float, bound_pct: float) -> float:
+    """Issue 17's restated target, on a trace's means: FGD's unallocated share x 0.75 (``target``), or
+    where the packing bound makes that impossible, 0.5 point under the bound."""
+    return round(target if target <= bound_pct else bound_pct - RESTATED_MARGIN, 3)
+
+
 def load_sweep(policy: str) -> dict[tuple[str, int], float]:
     path = RESULTS / f"sweep_{policy}_42-51.json"
     if not path.exists():
@@ -261,6 +268,10 @@ def main() -> int:
             s["target_above_bound_seeds"] = f"{sum(r['target_above_bound'] for r in rs)}/{len(rs)}"
             # share of the gap FGD leaves that no policy can close, and the best unalloc/FGD unalloc ratio
             s["best_unalloc_ratio"] = round((100.0 - s["bound_pct"]) / (100.0 - s["fgd"]), 3)
+            s["restated_target"] = restated_target(s["target"], s["bound_pct"])
+            if "tide" in s:
+                s["tide_minus_restated"] = round(s["tide"] - s["restated_target"], 3)
+                s["restated_met"] = s["tide"] >= s["restated_target"]
         if trace in FGD_PUBLISHED:
             s["target_published"] = rs[0]["target_published"]
             s["target_published_above_bound_seeds"] = (
@@ -273,6 +284,8 @@ def main() -> int:
     parts = [f"{t}: bound {s['bound_pct']:.2f}" + (f" target {s['target']:.2f} ({s['target_above_bound_seeds']} seeds "
              "above bound)" if "target" in s else "") + (f" published-FGD target {s['target_published']:.2f} ("
              f"{s['target_published_above_bound_seeds']})" if "target_published" in s else "")
+             + (f" restated {s['restated_target']:.2f} tide {s['tide_minus_restated']:+.2f}"
+                if "tide_minus_restated" in s else "")
              for t, s in summary.items()]
     print(f"packing_bound {doc['wall_s']:.0f}s mean | " + "; ".join(parts))
     return 0
