@@ -28,7 +28,7 @@ from tide.core.model import MILLI, Allocation, PodRequest
 from tide.core.placer import Placer
 from tide.core.plugins.tide_frag import TideFragScore
 from tide.sim.openb import load_nodes, load_pods
-from tide.sim.simulator import inflate_workload, simulated_cluster
+from tide.sim.simulator import arrived_at_100, simulated_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_sweep import TRACE_DIR  # noqa: E402
@@ -69,21 +69,17 @@ def main() -> int:
     requests = [p.request for p in load_pods(TRACE_DIR / f"openb_pod_list_{args.trace}.csv")]
     cluster = simulated_cluster(nodes, args.seed)
     cap = cluster.gpu_capacity_milli
-    rng = np.random.default_rng(args.seed)
     typical = TypicalPods.from_requests(requests)
-    workload = inflate_workload(requests, cap, 1.3, rng)
     placer = Placer(args.policy, weights=weights or None, seed=args.seed, workload=typical)
     arrived = 0
     failed: list[tuple[PodRequest, str, float]] = []
-    for req in workload:
+    for req in arrived_at_100(requests, cap, args.seed):
         res = placer.place(cluster, req)
         if isinstance(res, Allocation):
             cluster.allocate(res)
         else:
             failed.append((req, why_failed(cluster, req), 100.0 * arrived / cap))
         arrived += req.total_gpu_milli
-        if arrived >= cap:
-            break
     alloc = cluster.allocated_gpu_milli()
     idle = cluster.milli_free.sum()
     pct = 100.0 / cap

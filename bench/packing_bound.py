@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_sweep import TRACE_DIR, TRACES, seeds_arg  # noqa: E402
 from tide.core.model import MILLI, PodRequest  # noqa: E402
 from tide.sim.openb import load_nodes, load_pods  # noqa: E402
-from tide.sim.simulator import inflate_workload  # noqa: E402
+from tide.sim.simulator import arrived_at_100  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_RATIO = 0.75  # the issue's target: unallocated share at most 75% of FGD's
@@ -72,18 +72,6 @@ RESTATED_MARGIN = 0.5  # ... or, where the bound makes that impossible, within t
 FGD_PUBLISHED = {"default": 95.2, "gpushare40": 94.0, "gpushare60": 91.3, "multigpu20": 95.5, "multigpu30": 96.4,
                  "multigpu40": 96.9, "gpuspec10": 94.7, "gpuspec20": 94.7, "gpuspec25": 93.9, "cpu050": 95.0,
                  "cpu100": 95.2}
-
-
-def arrived_pods(requests: list[PodRequest], capacity: int, seed: int) -> list[PodRequest]:
-    """The pods that have arrived when the simulator records allocated_pct_at_100 (same workload)."""
-    workload = inflate_workload(requests, capacity, 1.3, np.random.default_rng(seed))
-    out, arrived = [], 0
-    for req in workload:
-        out.append(req)
-        arrived += req.total_gpu_milli
-        if arrived >= capacity:
-            break
-    return out
 
 
 def knapsack(values: np.ndarray, sizes: np.ndarray, unit: int) -> tuple[float, np.ndarray]:
@@ -244,7 +232,7 @@ def main() -> int:
         requests = [p.request for p in load_pods(Path(args.trace_dir) / f"openb_pod_list_{trace}.csv")]
         for seed in seeds_arg(args.seeds):
             t1 = time.perf_counter()
-            row = {"trace": trace, "seed": seed, **bound(nodes, arrived_pods(requests, capacity, seed), capacity)}
+            row = {"trace": trace, "seed": seed, **bound(nodes, arrived_at_100(requests, capacity, seed), capacity)}
             if (trace, seed) in fgd:
                 f = fgd[(trace, seed)]
                 row["fgd"] = f

@@ -35,7 +35,7 @@ from tide.core.model import Allocation
 from tide.core.placer import Placer
 from tide.sim.openb import load_nodes
 from tide.sim.openb_variants import load_trace
-from tide.sim.simulator import inflate_workload, simulated_cluster
+from tide.sim.simulator import arrived_at_100, simulated_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_sweep import TRACE_DIR, seeds_arg  # noqa: E402
@@ -48,14 +48,10 @@ def replay(nodes: list, requests: list, policy: str, seed: int, size: int, refus
     """(allocated % of GPU capacity at the 100% arrived mark, shares refused)."""
     cluster = simulated_cluster(nodes, seed)
     capacity = cluster.gpu_capacity_milli
-    workload = inflate_workload(requests, capacity, 1.3, np.random.default_rng(seed))
     placer = Placer(policy, seed=seed, workload=TypicalPods.from_requests(requests))
     coin = np.random.default_rng([REFUSAL_STREAM, seed])
-    arrived = refused = 0
-    for req in workload:
-        if arrived >= capacity:
-            break
-        arrived += req.total_gpu_milli
+    refused = 0
+    for req in arrived_at_100(requests, capacity, seed):
         if req.kind == "share" and req.gpu_milli == size and coin.random() < refuse:
             refused += 1
             continue

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tide.core import PodRequest, TypicalPods
 from tide.sim.openb import load_nodes, load_pods
-from tide.sim.simulator import inflate_workload, node_order, simulate, simulated_cluster
+from tide.sim.simulator import arrived_at_100, inflate_workload, node_order, simulate, simulated_cluster
 
 TRACES = Path("/work/shared/traces/openb")
 needs_trace = pytest.mark.skipif(not TRACES.exists(), reason="openb trace not available")
@@ -124,3 +124,12 @@ def test_fgd_reproduces_the_published_cpu200_figure():
     reqs = [p.request for p in load_pods(TRACES / "openb_pod_list_cpu200.csv")]
     res = simulate(nodes, reqs, "fgd", seed=42)
     assert abs(res.allocated_pct_at_100 - 94.8) <= 0.5  # published mean over seeds 42-51 (seed 42: 94.78)
+
+
+def test_arrived_at_100_is_the_workload_up_to_the_pod_that_reaches_capacity():
+    reqs = [PodRequest(gpu_count=1), PodRequest(gpu_milli=500), PodRequest(cpu_milli=10)]
+    workload = inflate_workload(reqs, 10_000, 1.3, np.random.default_rng(3))
+    arrived = arrived_at_100(reqs, 10_000, 3)
+    assert arrived == workload[: len(arrived)]
+    assert sum(r.total_gpu_milli for r in arrived) >= 10_000
+    assert sum(r.total_gpu_milli for r in arrived[:-1]) < 10_000

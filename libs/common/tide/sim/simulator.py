@@ -81,6 +81,20 @@ def inflate_workload(
     return [pods[i] for i in order]
 
 
+def arrived_at_100(requests: Sequence[PodRequest], capacity_milli: int, seed: int,
+                   inflate: float = 1.3) -> list[PodRequest]:
+    """The pods of ``simulate``'s workload (same inflation and shuffle) that have arrived when it records
+    ``allocated_pct_at_100``: up to and including the one whose GPU request reaches the capacity."""
+    out: list[PodRequest] = []
+    arrived = 0
+    for req in inflate_workload(requests, capacity_milli, inflate, np.random.default_rng(seed)):
+        out.append(req)
+        arrived += req.total_gpu_milli
+        if arrived >= capacity_milli:
+            break
+    return out
+
+
 NODE_ORDER_STREAM = 1  # the node order's random stream, apart from the workload's (``seed`` alone)
 
 
